@@ -1,0 +1,263 @@
+#include "app/commands.hpp"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <iterator>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+
+#include "app/cli.hpp"
+#include "app/exit_codes.hpp"
+#include "app/relay.hpp"
+#include "core/dsn.hpp"
+#include "core/duration.hpp"
+#include "core/embedded_sql.hpp"
+#include "core/log.hpp"
+#include "core/migration_set.hpp"
+#include "core/sql_ident.hpp"
+#include "pg/migrator.hpp"
+#include "pg/named_queries.hpp"
+#include "pg/store.hpp"
+
+namespace outboxd::app {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return std::string(v);
+}
+
+std::string option_or_env(const parsed_args& args, std::string_view option, const char* env_name,
+                          std::optional<std::string> fallback = std::nullopt) {
+    if (auto v = args.get(option)) return *v;
+    if (auto v = env(env_name)) return *v;
+    if (fallback) return *fallback;
+    throw fatal_error(exit_usage, fmt::format("missing --{} (or {})", option, env_name));
+}
+
+template <typename F>
+auto usage_checked(std::string_view option, F&& parse) {
+    try {
+        return parse();
+    } catch (const std::invalid_argument& e) {
+        throw fatal_error(exit_usage, fmt::format("--{}: {}", option, e.what()));
+    }
+}
+
+long long parse_int(const parsed_args& args, std::string_view option, long long fallback, long long min,
+                    long long max) {
+    const auto text = args.get(option);
+    if (!text) return fallback;
+    long long value = 0;
+    auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+    if (ec != std::errc{} || end != text->data() + text->size() || value < min || value > max) {
+        throw fatal_error(exit_usage,
+                          fmt::format("--{}: expected a whole number from {} to {}, got '{}'", option, min, max, *text));
+    }
+    return value;
+}
+
+std::chrono::milliseconds duration_option(const parsed_args& args, std::string_view option,
+                                          std::chrono::milliseconds fallback) {
+    const auto text = args.get(option);
+    if (!text) return fallback;
+    return usage_checked(option, [&] { return parse_duration(*text); });
+}
+
+std::string schema_of(const parsed_args& args) {
+    auto schema = option_or_env(args, "schema", "OUTBOXD_SCHEMA", std::string("outbox"));
+    usage_checked("schema", [&] {
+        validate_schema_name(schema);
+        return 0;
+    });
+    return schema;
+}
+
+std::string dsn_of(const parsed_args& args) {
+    const auto raw = option_or_env(args, "database-url", "DATABASE_URL");
+    // Name ourselves in pg_stat_activity; bound connection attempts so a
+    // black-holed host is reported instead of hanging.
+    return with_default(with_default(raw, "application_name", "outboxd"), "connect_timeout", "10");
+}
+
+fatal_error database_unavailable(const std::exception& e, const std::string& dsn) {
+    return fatal_error(exit_db_unavailable, fmt::format("cannot connect to the database ({}): {}", redact_dsn(dsn),
+                                                        scrub_secrets(e.what(), dsn)));
+}
+
+std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
+    try {
+        return std::make_unique<pqxx::connection>(dsn);
+    } catch (const std::exception& e) {
+        throw database_unavailable(e, dsn);
+    }
+}
+
+// ---- commands -------------------------------------------------------------
+
+int cmd_sql(const parsed_args& args) {
+    const auto schema = schema_of(args);
+    std::string bootstrap;
+    for (const auto& query : embedded::queries()) {
+        if (query.name == "bootstrap") bootstrap = query.sql;
+    }
+    std::cout << migration_script(schema, bootstrap, embedded::migrations());
+    return exit_ok;
+}
+
+int cmd_migrate(const parsed_args& args) {
+    const auto schema = schema_of(args);
+    const auto dsn = dsn_of(args);
+    auto conn = connect(dsn);
+    try {
+        const auto result = pg::migrate(*conn, schema);
+        log::info(result.applied.empty() ? "outbox is up to date" : "outbox migrated",
+                  {{"schema", schema}, {"version", fmt::format("{}", result.version)},
+                   {"applied", fmt::format("{}", result.applied.size())}});
+        return exit_ok;
+    } catch (const pg::schema_too_new& e) {
+        throw fatal_error(exit_schema_too_new, e.what());
+    } catch (const pqxx::broken_connection& e) {
+        throw database_unavailable(e, dsn);
+    }
+}
+
+int cmd_enqueue(const parsed_args& args) {
+    const auto schema = schema_of(args);
+    pg::new_event e;
+    e.topic = option_or_env(args, "topic", "OUTBOXD_TOPIC");
+    if (auto p = args.get("payload")) {
+        e.payload = *p;
+    } else {
+        e.payload.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    }
+    try {
+        e.payload = nlohmann::json::parse(e.payload).dump();
+    } catch (const nlohmann::json::parse_error& err) {
+        throw fatal_error(exit_invalid_input, fmt::format("payload is not valid JSON: {}", err.what()));
+    }
+    e.ordering_key = args.get("key");
+    e.idempotency_key = args.get("idempotency-key");
+    nlohmann::json headers = nlohmann::json::object();
+    for (const auto& h : args.all("header")) {
+        const auto eq = h.find('=');
+        if (eq == std::string::npos || eq == 0) {
+            throw fatal_error(exit_usage, fmt::format("--header: expected NAME=VALUE, got '{}'", h));
+        }
+        headers[h.substr(0, eq)] = h.substr(eq + 1);
+    }
+    e.headers = headers.dump();
+    e.delay = duration_option(args, "delay", std::chrono::milliseconds(0));
+
+    const auto dsn = dsn_of(args);
+    pg::store store(dsn, schema, "");
+    try {
+        store.connect();
+    } catch (const std::exception& err) {
+        throw database_unavailable(err, dsn);
+    }
+    try {
+        std::cout << store.enqueue(e) << '\n';
+        return exit_ok;
+    } catch (const pqxx::sql_error& err) {
+        const auto& state = err.sqlstate();
+        // 42883 undefined function, 42P01 undefined table, 3F000 no such schema
+        if (state == "42883" || state == "42P01" || state == "3F000") {
+            throw fatal_error(exit_schema_missing,
+                              fmt::format("the outbox is not installed in schema {}; run `outboxd migrate`",
+                                          quote_ident(schema)));
+        }
+        // Class 22 (data exception) and 23 (integrity constraint): bad input.
+        if (state.starts_with("22") || state.starts_with("23")) {
+            throw fatal_error(exit_invalid_input, fmt::format("event refused: {}", err.what()));
+        }
+        throw;
+    }
+}
+
+std::string make_lease_owner() {
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    std::random_device rd;
+    return fmt::format("{}:{}:{:06x}", host, getpid(), rd() & 0xFFFFFF);
+}
+
+int cmd_run(const parsed_args& args) {
+    relay_options o;
+    o.schema = schema_of(args);
+    const auto url = option_or_env(args, "url", "OUTBOXD_WEBHOOK_URL");
+    o.url = usage_checked("url", [&] { return parse_endpoint_url(url); });
+    if (o.url.is_tls()) {
+        throw fatal_error(exit_usage, "--url: https:// is not supported yet; use http:// (TLS arrives with webhooks issue #4)");
+    }
+    o.concurrency = static_cast<std::size_t>(parse_int(args, "concurrency", 32, 1, 1024));
+    o.lease = duration_option(args, "lease", o.lease);
+    o.sweep_interval = duration_option(args, "sweep-interval", o.sweep_interval);
+    o.connect_timeout = duration_option(args, "connect-timeout", o.connect_timeout);
+    o.request_timeout = duration_option(args, "request-timeout", o.request_timeout);
+    o.shutdown_timeout = duration_option(args, "shutdown-timeout", o.shutdown_timeout);
+    o.retry.base = duration_option(args, "retry-base", o.retry.base);
+    o.retry.cap = duration_option(args, "retry-cap", o.retry.cap);
+    o.retry.max_attempts = static_cast<int>(parse_int(args, "max-attempts", o.retry.max_attempts, 1, 1000));
+    using std::chrono::milliseconds;
+    if (o.sweep_interval < milliseconds(100)) throw fatal_error(exit_usage, "--sweep-interval: at least 100ms");
+    if (o.connect_timeout < milliseconds(1) || o.request_timeout < milliseconds(1)) {
+        throw fatal_error(exit_usage, "--connect-timeout and --request-timeout must be at least 1ms");
+    }
+    if (o.retry.base > o.retry.cap) throw fatal_error(exit_usage, "--retry-base must not exceed --retry-cap");
+    // A lease that could expire while its delivery is still running would let
+    // a second relay deliver the same event concurrently.
+    if (o.lease <= o.connect_timeout + o.request_timeout) {
+        throw fatal_error(exit_usage,
+                          fmt::format("--lease ({}) must be longer than --connect-timeout + --request-timeout ({})",
+                                      format_duration(o.lease), format_duration(o.connect_timeout + o.request_timeout)));
+    }
+    o.dsn = dsn_of(args);
+    o.lease_owner = make_lease_owner();
+    return run_relay(o);
+}
+
+int dispatch(const parsed_args& args) {
+    if (args.version) {
+        std::cout << "outboxd " << OUTBOXD_VERSION << '\n';
+        return exit_ok;
+    }
+    if (args.help || args.command.empty()) {
+        std::cout << usage_text();
+        return args.help ? exit_ok : exit_usage;
+    }
+    const auto level = option_or_env(args, "log-level", "OUTBOXD_LOG_LEVEL", std::string("info"));
+    log::set_level(usage_checked("log-level", [&] { return log::parse_level(level); }));
+    if (args.command == "sql") return cmd_sql(args);
+    if (args.command == "migrate") return cmd_migrate(args);
+    if (args.command == "enqueue") return cmd_enqueue(args);
+    if (args.command == "run") return cmd_run(args);
+    throw fatal_error(exit_usage, fmt::format("unknown command '{}'", args.command));
+}
+
+}  // namespace
+
+int run_main(int argc, const char* const* argv) noexcept {
+    try {
+        return dispatch(parse_args(argc, argv));
+    } catch (const fatal_error& e) {
+        log::error(e.what(), {{"exit_code", fmt::format("{}", e.code)}});
+        return e.code;
+    } catch (const std::exception& e) {
+        log::error("unexpected error", {{"error", e.what()}});
+        return exit_internal;
+    } catch (...) {
+        log::error("unexpected error");
+        return exit_internal;
+    }
+}
+
+}  // namespace outboxd::app

@@ -1,0 +1,26 @@
+#pragma once
+// Exit codes of the outboxd binary (documented in the README).
+
+#include <stdexcept>
+#include <string>
+
+namespace outboxd::app {
+
+enum exit_code : int {
+    exit_ok = 0,                 // done; or a graceful shutdown after SIGINT/SIGTERM
+    exit_internal = 1,           // a bug or an unexpected failure
+    exit_usage = 2,              // bad command line or configuration value
+    exit_db_unavailable = 3,     // cannot connect / authenticate / query at startup
+    exit_schema_missing = 4,     // outbox not installed, or older than this binary: run `outboxd migrate`
+    exit_schema_too_new = 5,     // the schema was migrated by a newer outboxd
+    exit_invalid_input = 6,      // `enqueue` given data the outbox refuses (malformed JSON, ...)
+    exit_forced = 130,           // a second SIGINT/SIGTERM cut the graceful shutdown short
+};
+
+// A failure that ends the process with a specific code and a clear message.
+struct fatal_error : std::runtime_error {
+    fatal_error(int code, const std::string& message) : std::runtime_error(message), code(code) {}
+    int code;
+};
+
+}  // namespace outboxd::app

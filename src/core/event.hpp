@@ -1,0 +1,25 @@
+#pragma once
+// One claimed outbox event, as the relay holds it between claim and outcome.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace outboxd {
+
+using header_list = std::vector<std::pair<std::string, std::string>>;
+
+struct event {
+    std::int64_t id = 0;
+    std::string topic;
+    std::optional<std::string> ordering_key;
+    std::string payload;  // JSON text, sent as the request body unchanged
+    header_list headers;  // from the row's headers jsonb object
+    // attempts after this claim; also the fencing token: an outcome is only
+    // recorded while the row still carries this value and our lease.
+    std::int32_t attempt = 0;
+};
+
+}  // namespace outboxd

@@ -1,0 +1,48 @@
+#include "core/retry_policy.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <ctime>
+#include <string>
+
+namespace outboxd {
+
+std::chrono::milliseconds retry_policy::backoff(int attempt, double unit_random) const noexcept {
+    const int exponent = std::clamp(attempt - 1, 0, 40);
+    const double uncapped = static_cast<double>(base.count()) * std::ldexp(1.0, exponent);
+    const double full = std::min(uncapped, static_cast<double>(cap.count()));
+    const double r = std::clamp(unit_random, 0.0, 1.0);
+    const double drawn = full * (1.0 - std::clamp(jitter, 0.0, 1.0) * r);
+    return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(drawn)));
+}
+
+std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view value,
+                                                           std::chrono::system_clock::time_point now) {
+    while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+    while (!value.empty() && value.back() == ' ') value.remove_suffix(1);
+    if (value.empty()) return std::nullopt;
+
+    if (std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        std::int64_t seconds = 0;
+        auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+        if (ec != std::errc{} || end != value.data() + value.size()) return std::nullopt;
+        // A day is the most we take from a peer; larger values are clamped.
+        seconds = std::min<std::int64_t>(seconds, 86'400);
+        return std::chrono::milliseconds(seconds * 1000);
+    }
+
+    // IMF-fixdate, e.g. "Sun, 06 Nov 1994 08:49:37 GMT" (the only form senders
+    // must produce; the obsolete forms are not worth the code).
+    std::tm tm{};
+    const std::string text(value);
+    const char* end = strptime(text.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    if (end == nullptr || *end != '\0') return std::nullopt;
+    const std::time_t when = timegm(&tm);
+    if (when == static_cast<std::time_t>(-1)) return std::nullopt;
+    const auto target = std::chrono::system_clock::from_time_t(when);
+    const auto delta = std::chrono::duration_cast<std::chrono::milliseconds>(target - now);
+    return std::clamp(delta, std::chrono::milliseconds(0), std::chrono::milliseconds(86'400'000));
+}
+
+}  // namespace outboxd

@@ -1,0 +1,27 @@
+#pragma once
+// The HTTP headers of one webhook request, built from a claimed event.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/event.hpp"
+
+namespace outboxd {
+
+// Headers outboxd always sends:
+//   webhook-id          the event id (stable across retries: consumers de-duplicate on it)
+//   webhook-timestamp   unix seconds when this attempt was sent
+//   outbox-topic, outbox-attempt, outbox-ordering-key (when the event has one)
+// then the event's own headers. Event headers may not override these, nor
+// the framing headers (Host, Content-Length, ...). Returns the reason when the
+// event's headers cannot be sent (bad name, CR/LF in a value): such an event
+// can never succeed and is dead-lettered.
+struct request_headers_result {
+    header_list headers;
+    std::optional<std::string> error;
+};
+
+[[nodiscard]] request_headers_result build_request_headers(const event& e, std::int64_t unix_seconds);
+
+}  // namespace outboxd

@@ -1,0 +1,13 @@
+// The one translation unit that compiles Boost.Asio and Boost.Beast.
+//
+// The project defines BOOST_ASIO_SEPARATE_COMPILATION and
+// BOOST_BEAST_SEPARATE_COMPILATION for every file (see meson.build), so the
+// headers elsewhere only declare the non-template parts; their definitions
+// are built here, once, instead of in every file that includes Asio/Beast.
+// The OpenSSL part is compiled too, so HTTPS needs no build change.
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp misses it
+
+#include <boost/asio/impl/src.hpp>
+#include <boost/asio/ssl/impl/src.hpp>
+#include <boost/beast/src.hpp>

@@ -1,0 +1,704 @@
+// HTTP/1.1 webhook client: a bounded pool of keep-alive connections to one
+// endpoint, on Boost.Beast, single-threaded on the caller's io_context.
+//
+// Shape:
+//   webhook_client ── impl (= pool) ── FIFO queue of pending requests
+//                                   ├─ idle connections (owned by the pool)
+//                                   └─ busy connections (owned by their own
+//                                      pending handlers; the pool keeps a
+//                                      raw pointer only to abort them)
+// Each connection holds a shared_ptr to the pool, so destroying the client
+// while requests are on the wire is safe: the pool lives until the last
+// handler has run. Idle connections form a cycle with the pool, broken by
+// close() (the client's destructor calls it).
+//
+// A request's life: post() → queue → dispatch() hands it to an idle
+// connection (most recently used first; a cheap non-blocking peek drops ones
+// the server has closed) or opens a new one while fewer than max_connections
+// exist → [resolve → connect] → write → read → finished(): the connection
+// goes back to idle (or is closed), the next queued request is started, then
+// `done` runs. Every step runs in a completion handler, so `done` is never
+// called from inside post().
+//
+// Deadlines: resolve + connect share one deadline (connect_timeout); write +
+// read share another (request_timeout), both through tcp_stream's timer
+// (the resolver gets a steady_timer, as tcp_stream does not cover it).
+//
+// The stream type is a template parameter of `connection` so HTTPS can add
+// `connection<beast::ssl_stream<beast::tcp_stream>>` with a handshake step in
+// on_connected(); everything else already goes through get_lowest_layer().
+
+#include "http/webhook_client.hpp"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdint>
+#include <deque>
+#include <stdexcept>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+namespace outboxd::http {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+// A response body is read up to this many bytes, then reading stops: only
+// the first max_body_excerpt bytes are kept anyway (see excerpt_body), and a
+// webhook receiver has no business sending megabytes. The status line and
+// the excerpt are known by then, so the status is still reported (not a
+// transport error); the connection is closed because the rest of the body
+// is unread. The limit is enforced by excerpt_body rather than the parser's
+// body_limit, which would reject a large Content-Length before keeping any
+// excerpt.
+constexpr std::uint64_t max_response_body = 1024 * 1024;
+// Beast's default (8 KiB) rejects some real-world responses (long CSP or
+// cookie headers); 64 KiB is still a small bound.
+constexpr std::uint32_t max_response_header = 64 * 1024;
+
+// A Beast body type that keeps only the first `keep` bytes of the body and
+// discards the rest, so a large response costs no memory beyond the excerpt
+// while the connection stays usable (the body is still read to its end).
+// More than `limit` bytes in total fail with http::error::body_limit.
+struct excerpt_body {
+    struct value_type {
+        std::string text;
+        std::size_t keep = 0;
+        std::uint64_t limit = 0;
+        std::uint64_t received = 0;
+    };
+
+    class reader {
+    public:
+        template <bool is_request, class fields_type>
+        reader(http::header<is_request, fields_type>& /*header*/, value_type& body) : body_(body) {}
+
+        void init(const boost::optional<std::uint64_t>& /*content_length*/, beast::error_code& ec) {
+            ec = {};
+        }
+
+        template <class const_buffer_sequence>
+        std::size_t put(const const_buffer_sequence& buffers, beast::error_code& ec) {
+            ec = {};
+            std::size_t total = 0;
+            for (auto const b : beast::buffers_range_ref(buffers)) {
+                total += b.size();
+                std::size_t const room = body_.keep - std::min(body_.keep, body_.text.size());
+                if (room > 0) body_.text.append(static_cast<const char*>(b.data()), std::min(room, b.size()));
+            }
+            body_.received += total;
+            if (body_.received > body_.limit) ec = http::error::body_limit;
+            return total;
+        }
+
+        void finish(beast::error_code& ec) { ec = {}; }
+
+    private:
+        value_type& body_;
+    };
+};
+
+struct pending {
+    outgoing_request request;
+    std::function<void(response_summary)> done;
+    clock_type::time_point posted;
+};
+
+std::chrono::microseconds since(clock_type::time_point start) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - start);
+}
+
+response_summary transport_failure(std::string error, bool timed_out = false) {
+    response_summary s;
+    s.transport_error = true;
+    s.timed_out = timed_out;
+    s.error = std::move(error);
+    return s;
+}
+
+// RFC 9110 token characters, for header names.
+bool is_token_char(char c) noexcept {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+    return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+// Defence in depth against header injection: the caller validates headers,
+// but a CR/LF in a value would let an event row rewrite our request framing.
+// Returns an error (without the value) or an empty string.
+std::string check_headers(const header_list& headers) {
+    for (std::size_t i = 0; i < headers.size(); ++i) {
+        auto const& [name, value] = headers[i];
+        if (name.empty() || !std::all_of(name.begin(), name.end(), is_token_char)) {
+            return fmt::format("refusing to send extra header #{}: invalid header name", i + 1);
+        }
+        for (char ch : value) {
+            auto const c = static_cast<unsigned char>(ch);
+            if ((c < 0x20 && c != '\t') || c == 0x7f) {
+                return fmt::format("refusing to send header '{}': value contains a control character", name);
+            }
+        }
+    }
+    return {};
+}
+
+// Headers that define message framing or the connection are ours alone; an
+// extra header naming one of them is ignored rather than sent twice.
+bool is_reserved_header(http::field f) noexcept {
+    switch (f) {
+        case http::field::host:
+        case http::field::content_length:
+        case http::field::transfer_encoding:
+        case http::field::connection:
+        case http::field::keep_alive:
+        case http::field::proxy_connection:
+        case http::field::te:
+        case http::field::trailer:
+        case http::field::upgrade:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// Errors that mean "the server closed this connection" rather than "the
+// server is broken": on a reused connection they trigger the one retry.
+bool is_stale_connection_error(const beast::error_code& ec) noexcept {
+    return ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
+           ec == net::error::broken_pipe || ec == net::error::connection_aborted || ec == net::error::not_connected;
+}
+
+// Everything about the endpoint a connection needs, computed once.
+struct client_config {
+    endpoint_url endpoint;
+    client_options options;
+    std::string authority;                    // host:port for messages, IPv6 in brackets
+    std::optional<net::ip::address> literal;  // host is an IP address: no DNS lookup
+    std::uint16_t port = 0;
+};
+
+class connection_base : public std::enable_shared_from_this<connection_base> {
+public:
+    connection_base() = default;
+    connection_base(const connection_base&) = delete;
+    connection_base& operator=(const connection_base&) = delete;
+    virtual ~connection_base() = default;
+
+    // Sends p on this connection, (re)connecting first if needed.
+    virtual void start(pending&& p) = 0;
+    // For an idle connection: true when it can take a request now.
+    [[nodiscard]] virtual bool usable() noexcept = 0;
+    // Closes an idle connection.
+    virtual void close() noexcept = 0;
+    // Cancels whatever the connection is doing; its request fails.
+    virtual void abort() = 0;
+};
+
+class pool : public std::enable_shared_from_this<pool> {
+public:
+    pool(net::io_context& ioc, endpoint_url endpoint, client_options options);
+    pool(const pool&) = delete;
+    pool& operator=(const pool&) = delete;
+    ~pool() = default;
+
+    void post(outgoing_request&& request, std::function<void(response_summary)>&& done);
+    [[nodiscard]] std::size_t in_flight() const noexcept { return queue_.size() + busy_.size(); }
+    void close();
+    // close(), then cancel requests on the wire (they fail with "client closed").
+    void abort();
+
+    // For connections.
+    [[nodiscard]] net::io_context& ioc() const noexcept { return ioc_; }
+    [[nodiscard]] const client_config& config() const noexcept { return config_; }
+    [[nodiscard]] bool aborted() const noexcept { return aborted_; }
+    void finished(connection_base& c, bool reusable, std::function<void(response_summary)>&& done,
+                  response_summary&& summary);
+    void forget(const connection_base* c) noexcept;
+
+private:
+    void dispatch();
+    void fail_later(std::function<void(response_summary)>&& done, clock_type::time_point posted, std::string error);
+    [[nodiscard]] std::shared_ptr<connection_base> make_connection();
+
+    net::io_context& ioc_;
+    const client_config config_;
+    std::deque<pending> queue_;
+    std::vector<std::shared_ptr<connection_base>> idle_;  // most recently used last
+    std::vector<connection_base*> busy_;                  // each owned by its pending handlers
+    bool closed_ = false;
+    bool aborted_ = false;
+};
+
+template <class stream_type>
+class connection final : public connection_base {
+public:
+    explicit connection(std::shared_ptr<pool> owner)
+        : pool_(std::move(owner)),
+          config_(pool_->config()),
+          stream_(pool_->ioc()),
+          resolver_(pool_->ioc()),
+          resolve_timer_(pool_->ioc()) {}
+
+    ~connection() override { pool_->forget(this); }
+
+    void start(pending&& p) override {
+        done_ = std::move(p.done);
+        posted_ = p.posted;
+        may_retry_ = true;
+        build_request(std::move(p.request));
+        if (tcp_layer().socket().is_open()) {
+            send();
+        } else {
+            connect();
+        }
+    }
+
+    bool usable() noexcept override {
+        auto& socket = tcp_layer().socket();
+        if (!socket.is_open()) return false;
+        // A server closes idle keep-alive connections whenever it likes
+        // (nginx after 75 s, Node after 5 s). Peeking one byte without
+        // blocking tells whether it already has: 0 = orderly close, data =
+        // something unsolicited (e.g. a 408 before closing), either way the
+        // connection is unusable. EAGAIN = nothing to read, still open.
+        // This catches almost every stale connection before a request is
+        // wasted on it; the retry in on_write/on_read covers the race left.
+        char byte = 0;
+        ssize_t const n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+
+    void close() noexcept override { close_socket(); }
+
+    void abort() override {
+        resolver_.cancel();
+        resolve_timer_.cancel();
+        close_socket();
+    }
+
+private:
+    enum class phase { idle, resolving, connecting, writing, reading };
+
+    std::shared_ptr<connection> self() { return std::static_pointer_cast<connection>(shared_from_this()); }
+    beast::tcp_stream& tcp_layer() noexcept { return beast::get_lowest_layer(stream_); }
+
+    void close_socket() noexcept {
+        // TLS: a close_notify would go here; servers do not need it for
+        // HTTP/1.1 (message framing tells where the body ends).
+        beast::error_code ignored;
+        tcp_layer().socket().close(ignored);
+        try {
+            tcp_layer().close();  // also cancels tcp_stream's timer
+        } catch (...) {  // NOLINT(bugprone-empty-catch): nothing left to clean up
+        }
+    }
+
+    void build_request(outgoing_request&& r) {
+        request_ = {};
+        request_.method(http::verb::post);
+        request_.target(config_.endpoint.target);
+        request_.version(11);
+        request_.set(http::field::host, config_.endpoint.host_header);
+        request_.set(http::field::user_agent, config_.options.user_agent);
+        request_.set(http::field::content_type, "application/json");
+        request_.set(http::field::connection, "keep-alive");
+        for (auto const& [name, value] : r.headers) {
+            http::field const f = http::string_to_field(name);
+            if (is_reserved_header(f)) continue;
+            if (f == http::field::content_type || f == http::field::user_agent) {
+                request_.set(f, value);  // the caller's choice replaces our default
+            } else {
+                request_.insert(name, value);
+            }
+        }
+        request_.body() = std::move(r.body);  // moved, never copied
+        request_.prepare_payload();
+    }
+
+    void connect() {
+        reused_ = false;
+        buffer_.clear();
+        auto const deadline = clock_type::now() + config_.options.connect_timeout;
+        if (config_.literal) {
+            phase_ = phase::connecting;
+            tcp_layer().expires_at(deadline);
+            tcp_layer().async_connect(tcp::endpoint(*config_.literal, config_.port),
+                                      [self = self()](beast::error_code ec) { self->on_connect(ec); });
+            return;
+        }
+        phase_ = phase::resolving;
+        resolve_timed_out_ = false;
+        std::uint64_t const generation = ++resolve_generation_;
+        resolve_timer_.expires_at(deadline);
+        resolve_timer_.async_wait([self = self(), generation](beast::error_code ec) {
+            if (ec || self->resolve_generation_ != generation || self->phase_ != phase::resolving) return;
+            self->resolve_timed_out_ = true;
+            self->resolver_.cancel();
+        });
+        resolver_.async_resolve(
+            config_.endpoint.host, config_.endpoint.port,
+            [self = self(), deadline](beast::error_code ec, const tcp::resolver::results_type& results) {
+                self->on_resolve(ec, results, deadline);
+            });
+    }
+
+    void on_resolve(beast::error_code ec, const tcp::resolver::results_type& results,
+                    clock_type::time_point deadline) {
+        resolve_timer_.cancel();
+        if (ec) {
+            fail(resolve_timed_out_ ? beast::error::timeout : ec);
+            return;
+        }
+        phase_ = phase::connecting;
+        tcp_layer().expires_at(deadline);
+        tcp_layer().async_connect(results, [self = self()](beast::error_code ec2, const tcp::endpoint& /*ep*/) {
+            self->on_connect(ec2);
+        });
+    }
+
+    void on_connect(beast::error_code ec) {
+        if (ec) {
+            fail(ec);
+            return;
+        }
+        // Small requests and responses: Nagle plus delayed ACK would add up
+        // to 40 ms per request on loopback.
+        beast::error_code ignored;
+        tcp_layer().socket().set_option(tcp::no_delay(true), ignored);
+        on_connected();
+    }
+
+    // TLS: the handshake goes here (with its own deadline), then send().
+    void on_connected() { send(); }
+
+    void send() {
+        phase_ = phase::writing;
+        new_parser();
+        // One deadline for write and read together (tcp_stream applies it to
+        // every operation until it is set again).
+        tcp_layer().expires_after(config_.options.request_timeout);
+        http::async_write(stream_, request_,
+                          [self = self()](beast::error_code ec, std::size_t /*n*/) { self->on_write(ec); });
+    }
+
+    void new_parser() {
+        parser_.emplace();
+        parser_->body_limit(boost::none);  // excerpt_body enforces max_response_body
+        parser_->header_limit(max_response_header);
+        auto& body = parser_->get().body();
+        body.keep = config_.options.max_body_excerpt;
+        body.limit = max_response_body;
+    }
+
+    void on_write(beast::error_code ec) {
+        if (ec) {
+            if (should_retry(ec)) {
+                retry();
+            } else {
+                fail(ec);
+            }
+            return;
+        }
+        phase_ = phase::reading;
+        read();
+    }
+
+    void read() {
+        http::async_read(stream_, buffer_, *parser_,
+                         [self = self()](beast::error_code ec, std::size_t /*n*/) { self->on_read(ec); });
+    }
+
+    void on_read(beast::error_code ec) {
+        if (ec == http::error::body_limit && parser_->is_header_done() && !pool_->aborted()) {
+            complete(false);  // status known; the unread rest of the body makes the connection unusable
+            return;
+        }
+        if (ec) {
+            if (!parser_->got_some() && should_retry(ec)) {
+                retry();
+            } else {
+                fail(ec);
+            }
+            return;
+        }
+        if (parser_->get().result_int() / 100 == 1) {
+            // Interim response (e.g. 103 Early Hints): the real one follows.
+            may_retry_ = false;  // the server has answered on this connection
+            new_parser();
+            read();
+            return;
+        }
+        complete(true);
+    }
+
+    // Why retry: a server may close an idle keep-alive connection at any
+    // moment, and a request written just as it does so fails with EOF or a
+    // reset before any response byte arrives. The server did not process
+    // such a request (it had closed), so sending it once more on a fresh
+    // connection is what every HTTP client does. Only once, only on a
+    // connection that had completed an exchange before, and never after a
+    // response byte or a timeout. In the rare case where the server did
+    // receive the request and then died, the retry is a duplicate; delivery
+    // is at-least-once and consumers de-duplicate by event id.
+    [[nodiscard]] bool should_retry(const beast::error_code& ec) const noexcept {
+        return reused_ && may_retry_ && !pool_->aborted() && is_stale_connection_error(ec);
+    }
+
+    void retry() {
+        may_retry_ = false;
+        close_socket();
+        connect();  // request_ still holds the whole request, body included
+    }
+
+    void complete(bool body_complete) {
+        auto& res = parser_->get();
+        response_summary s;
+        s.status = res.result_int();
+        if (auto const it = res.find(http::field::retry_after); it != res.end()) {
+            s.retry_after = std::string(it->value());
+        }
+        s.body_excerpt = std::move(res.body().text);
+        // HTTP/1.0 responses and `Connection: close` end the connection, and
+        // so does a body delimited by EOF, or bytes after the response (the
+        // server is out of step with us).
+        bool const reusable = body_complete && res.version() == 11 && parser_->keep_alive() &&
+                              !parser_->need_eof() && buffer_.size() == 0;
+        finish(std::move(s), reusable);
+    }
+
+    void fail(const beast::error_code& ec) {
+        std::string const& where = config_.authority;
+        response_summary s;
+        if (pool_->aborted()) {
+            s = transport_failure("client closed");
+        } else if (ec == beast::error::timeout) {
+            auto const connect_ms = config_.options.connect_timeout.count();
+            auto const request_ms = config_.options.request_timeout.count();
+            switch (phase_) {
+                case phase::resolving:
+                    s = transport_failure(
+                        fmt::format("timeout after {} ms resolving {}", connect_ms, config_.endpoint.host), true);
+                    break;
+                case phase::writing:
+                    s = transport_failure(fmt::format("timeout after {} ms sending request to {}", request_ms, where),
+                                          true);
+                    break;
+                case phase::reading:
+                    s = transport_failure(
+                        fmt::format("timeout after {} ms waiting for response from {}", request_ms, where), true);
+                    break;
+                default:
+                    s = transport_failure(fmt::format("timeout after {} ms connecting to {}", connect_ms, where), true);
+                    break;
+            }
+        } else {
+            switch (phase_) {
+                case phase::resolving:
+                    s = transport_failure(fmt::format("resolve {}: {}", config_.endpoint.host, ec.message()));
+                    break;
+                case phase::writing:
+                    s = transport_failure(fmt::format("send request to {}: {}", where, ec.message()));
+                    break;
+                case phase::reading:
+                    if (ec == http::error::end_of_stream && !parser_->got_some()) {
+                        s = transport_failure(fmt::format("connection closed by {} before any response", where));
+                    } else if (ec.category() == http::make_error_code(http::error::end_of_stream).category()) {
+                        s = transport_failure(fmt::format("malformed response from {}: {}", where, ec.message()));
+                    } else {
+                        s = transport_failure(fmt::format("read response from {}: {}", where, ec.message()));
+                    }
+                    break;
+                default:
+                    s = transport_failure(fmt::format("connect to {}: {}", where, ec.message()));
+                    break;
+            }
+        }
+        finish(std::move(s), false);
+    }
+
+    void finish(response_summary&& s, bool reusable) {
+        phase_ = phase::idle;
+        if (reusable) {
+            reused_ = true;
+        } else {
+            close_socket();
+        }
+        s.elapsed = since(posted_);
+        parser_.reset();
+        std::string().swap(request_.body());  // don't pin a large payload on an idle connection
+        std::function<void(response_summary)> done = std::move(done_);
+        done_ = nullptr;
+        pool_->finished(*this, reusable, std::move(done), std::move(s));
+    }
+
+    std::shared_ptr<pool> pool_;
+    const client_config& config_;  // owned by *pool_
+    stream_type stream_;
+    tcp::resolver resolver_;
+    net::steady_timer resolve_timer_;
+    beast::flat_buffer buffer_;  // reused across requests on this connection
+    http::request<http::string_body> request_;
+    std::optional<http::response_parser<excerpt_body>> parser_;
+    std::function<void(response_summary)> done_;
+    clock_type::time_point posted_{};
+    phase phase_ = phase::idle;
+    bool reused_ = false;     // this socket completed an exchange before
+    bool may_retry_ = false;  // the one stale-connection retry is still available
+    bool resolve_timed_out_ = false;
+    std::uint64_t resolve_generation_ = 0;
+};
+
+client_config make_config(endpoint_url endpoint, client_options options) {
+    client_config c;
+    if (endpoint.host.empty()) throw std::invalid_argument("webhook endpoint has no host");
+    if (endpoint.is_tls()) {
+        // Refuse rather than speak plain HTTP to an https:// endpoint.
+        throw std::invalid_argument("https:// webhook endpoints are not supported yet");
+    }
+    unsigned port = 0;
+    auto const* first = endpoint.port.data();
+    auto const* last = first + endpoint.port.size();
+    auto const [end, err] = std::from_chars(first, last, port);
+    if (err != std::errc{} || end != last || port == 0 || port > 65535) {
+        throw std::invalid_argument("webhook endpoint has an invalid port");
+    }
+    c.port = static_cast<std::uint16_t>(port);
+    if (endpoint.target.empty()) endpoint.target = "/";
+    if (options.max_connections == 0) options.max_connections = 1;
+
+    beast::error_code ec;
+    auto const address = net::ip::make_address(endpoint.host, ec);
+    if (!ec) c.literal = address;
+    c.authority = (address.is_v6() && !ec) ? fmt::format("[{}]:{}", endpoint.host, endpoint.port)
+                                           : fmt::format("{}:{}", endpoint.host, endpoint.port);
+    c.endpoint = std::move(endpoint);
+    c.options = std::move(options);
+    return c;
+}
+
+pool::pool(net::io_context& ioc, endpoint_url endpoint, client_options options)
+    : ioc_(ioc), config_(make_config(std::move(endpoint), std::move(options))) {
+    idle_.reserve(config_.options.max_connections);
+    busy_.reserve(config_.options.max_connections);
+}
+
+void pool::post(outgoing_request&& request, std::function<void(response_summary)>&& done) {
+    auto const now = clock_type::now();
+    if (closed_) {
+        fail_later(std::move(done), now, "client closed");
+        return;
+    }
+    if (std::string error = check_headers(request.headers); !error.empty()) {
+        fail_later(std::move(done), now, std::move(error));
+        return;
+    }
+    queue_.push_back(pending{std::move(request), std::move(done), now});
+    dispatch();
+}
+
+void pool::dispatch() {
+    while (!queue_.empty()) {
+        std::shared_ptr<connection_base> c;
+        while (!idle_.empty() && !c) {
+            c = std::move(idle_.back());
+            idle_.pop_back();
+            if (!c->usable()) {
+                c->close();
+                c.reset();
+            }
+        }
+        if (!c) {
+            if (busy_.size() >= config_.options.max_connections) return;  // idle_ is empty here
+            c = make_connection();
+        }
+        busy_.push_back(c.get());
+        pending p = std::move(queue_.front());
+        queue_.pop_front();
+        c->start(std::move(p));  // c now lives in its handlers
+    }
+}
+
+std::shared_ptr<connection_base> pool::make_connection() {
+    // TLS: pick connection<beast::ssl_stream<beast::tcp_stream>> for https.
+    return std::make_shared<connection<beast::tcp_stream>>(shared_from_this());
+}
+
+void pool::finished(connection_base& c, bool reusable, std::function<void(response_summary)>&& done,
+                    response_summary&& summary) {
+    forget(&c);
+    if (reusable) {
+        if (closed_) {
+            c.close();
+        } else {
+            idle_.push_back(c.shared_from_this());
+        }
+    }
+    dispatch();  // start the next queued request before running caller code
+    done(std::move(summary));
+}
+
+void pool::forget(const connection_base* c) noexcept {
+    auto const it = std::find(busy_.begin(), busy_.end(), c);
+    if (it != busy_.end()) busy_.erase(it);
+}
+
+void pool::fail_later(std::function<void(response_summary)>&& done, clock_type::time_point posted, std::string error) {
+    net::post(ioc_, [done = std::move(done), posted, error = std::move(error)]() mutable {
+        response_summary s = transport_failure(std::move(error));
+        s.elapsed = since(posted);
+        done(std::move(s));
+    });
+}
+
+void pool::close() {
+    closed_ = true;
+    std::deque<pending> queued = std::exchange(queue_, {});
+    for (pending& p : queued) fail_later(std::move(p.done), p.posted, "client closed");
+    std::vector<std::shared_ptr<connection_base>> idle = std::exchange(idle_, {});
+    for (auto& c : idle) c->close();
+}
+
+void pool::abort() {
+    close();
+    aborted_ = true;
+    std::vector<connection_base*> const busy = busy_;  // abort() never destroys synchronously
+    for (connection_base* c : busy) c->abort();
+}
+
+}  // namespace
+
+struct webhook_client::impl final : pool {
+    using pool::pool;
+};
+
+webhook_client::webhook_client(net::io_context& ioc, endpoint_url endpoint, client_options options)
+    : impl_(std::make_shared<impl>(ioc, std::move(endpoint), std::move(options))) {}
+
+webhook_client::~webhook_client() {
+    if (impl_) impl_->abort();
+}
+
+void webhook_client::post(outgoing_request request, std::function<void(response_summary)> done) {
+    impl_->post(std::move(request), std::move(done));
+}
+
+std::size_t webhook_client::in_flight() const noexcept { return impl_->in_flight(); }
+
+void webhook_client::close() { impl_->close(); }
+
+}  // namespace outboxd::http

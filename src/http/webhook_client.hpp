@@ -1,0 +1,70 @@
+#pragma once
+// HTTP/1.1 webhook sender: a bounded pool of keep-alive connections to one
+// endpoint, driven by the caller's io_context (all callbacks run there).
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp misses it
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+
+#include "core/event.hpp"
+#include "core/url.hpp"
+
+namespace outboxd::http {
+
+struct client_options {
+    std::size_t max_connections = 32;                         // concurrent requests at most
+    std::chrono::milliseconds connect_timeout{5'000};         // DNS + TCP connect
+    std::chrono::milliseconds request_timeout{10'000};        // write request + read response
+    std::size_t max_body_excerpt = 1024;                      // bytes of response body kept
+    std::string user_agent = "outboxd";
+};
+
+struct outgoing_request {
+    std::string body;        // sent as-is, Content-Type: application/json
+    header_list headers;     // extra headers (already validated by the caller)
+};
+
+struct response_summary {
+    // transport_error: no HTTP status was received (DNS, connect, reset,
+    // timeout, malformed response). status is then 0.
+    bool transport_error = false;
+    bool timed_out = false;
+    unsigned status = 0;
+    std::string error;          // human readable; never contains secrets
+    std::string retry_after;    // raw Retry-After header value, if any
+    std::string body_excerpt;   // at most max_body_excerpt bytes of the body
+    std::chrono::microseconds elapsed{0};
+};
+
+class webhook_client {
+public:
+    webhook_client(boost::asio::io_context& ioc, endpoint_url endpoint, client_options options);
+    ~webhook_client();
+    webhook_client(const webhook_client&) = delete;
+    webhook_client& operator=(const webhook_client&) = delete;
+
+    // POSTs one request. `done` is called exactly once, on the io_context's
+    // thread, never from inside post() itself. When all connections are busy
+    // the request waits in a FIFO queue.
+    void post(outgoing_request request, std::function<void(response_summary)> done);
+
+    // Requests currently being sent or waiting for a connection.
+    [[nodiscard]] std::size_t in_flight() const noexcept;
+
+    // Closes idle connections and fails queued requests that have not started;
+    // requests already on the wire complete (bounded by request_timeout).
+    void close();
+
+private:
+    struct impl;
+    std::shared_ptr<impl> impl_;
+};
+
+}  // namespace outboxd::http

@@ -1,0 +1,111 @@
+-- Every statement outboxd runs at run time, one named block each
+-- ("-- name: NAME" starts a block). Embedded into the binary by
+-- tools/embed_sql.py; :"schema" is replaced by the quoted schema name.
+-- Logs name the statement that failed.
+
+-- name: bootstrap
+-- Owned by the migration runner, not by a migration: it must exist before the
+-- first migration runs, so that the runner can record it.
+CREATE SCHEMA IF NOT EXISTS :"schema";
+CREATE TABLE IF NOT EXISTS :"schema".schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_lock
+-- Session-level: held for the whole `outboxd migrate`, so two migrators run
+-- one after the other, and the second finds nothing left to do.
+SELECT pg_advisory_lock(hashtextextended('outboxd.migrate.' || $1, 0));
+
+-- name: migration_unlock
+SELECT pg_advisory_unlock(hashtextextended('outboxd.migrate.' || $1, 0));
+
+-- name: schema_installed
+-- $1 = the quoted name of the schema_migrations table.
+SELECT to_regclass($1) IS NOT NULL;
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM :"schema".schema_migrations;
+
+-- name: record_migration
+-- Inserted first inside the migration's transaction: a concurrent migrator
+-- that slipped past the lock would fail on the primary key, not apply twice.
+INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
+
+-- name: claim
+-- Picks due events and stamps our lease in one short statement; no
+-- transaction stays open while events are delivered.
+-- An event with an ordering key is due only while no earlier event of its key
+-- is still in the table (in flight, waiting for a retry, or not yet due), so
+-- a key never has two events out at once, across any number of relays.
+-- $1 = how many (free delivery slots), $2 = lease owner, $3 = lease in ms.
+WITH due AS (
+    SELECT e.id
+    FROM :"schema".events e
+    WHERE e.available_at <= now()
+      AND (e.ordering_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM :"schema".events earlier
+              WHERE earlier.ordering_key = e.ordering_key AND earlier.id < e.id))
+    ORDER BY e.available_at, e.id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE :"schema".events e
+SET attempts = e.attempts + 1,
+    lease_owner = $2,
+    available_at = now() + $3 * interval '1 millisecond'
+FROM due
+WHERE e.id = due.id
+RETURNING e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, e.attempts;
+
+-- name: next_due_in_ms
+-- Milliseconds until the earliest event that is not due yet (a retry, a
+-- delayed event or a lease expiring), by the database's clock; NULL if none.
+SELECT ceil(extract(epoch FROM (min(available_at) - now())) * 1000)::bigint
+FROM :"schema".events
+WHERE available_at > now();
+
+-- name: complete
+-- Delivered: the events leave the hot table. Fenced: only rows that still
+-- carry our lease and the attempt number we claimed them with.
+-- $1 = ids, $2 = attempts (parallel arrays), $3 = lease owner.
+DELETE FROM :"schema".events e
+USING unnest($1::bigint[], $2::integer[]) AS done(id, attempt)
+WHERE e.id = done.id AND e.attempts = done.attempt AND e.lease_owner = $3
+RETURNING e.id;
+
+-- name: reschedule
+-- Failed, to be retried after $4 ms. Fenced like `complete`.
+UPDATE :"schema".events
+SET available_at = now() + $4 * interval '1 millisecond',
+    last_error = $5,
+    lease_owner = NULL
+WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+RETURNING id;
+
+-- name: bury
+-- Failed for good: moved to dead letters in one statement. Fenced like `complete`.
+WITH gone AS (
+    DELETE FROM :"schema".events
+    WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+    RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts
+)
+INSERT INTO :"schema".dead_letters
+    (id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
+     last_error, last_status, response_excerpt)
+SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
+       $4, $5, $6
+FROM gone
+RETURNING id;
+
+-- name: release
+-- Graceful shutdown: hand back what we hold but could not finish, due now,
+-- so another relay (or our successor) picks it up without waiting for the lease.
+UPDATE :"schema".events
+SET available_at = now(), lease_owner = NULL
+WHERE lease_owner = $1
+RETURNING id;
+
+-- name: enqueue
+SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval '1 millisecond');

@@ -1,0 +1,85 @@
+#pragma once
+// The relay's database work on one connection: claim, record outcomes,
+// release, enqueue. Every call is one short autocommit statement; no
+// transaction is ever held open across a delivery. Blocking (libpqxx):
+// call from a thread that may block. Not thread-safe.
+//
+// Errors: pqxx::broken_connection when the connection is lost (the store
+// drops it and reconnects on the next call); pqxx::sql_error and others for
+// the rest. Both are safe to retry: every statement is fenced by lease owner
+// and attempt, so repeating one changes nothing twice.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/event.hpp"
+#include "pg/named_queries.hpp"
+
+#include <pqxx/connection>
+
+namespace outboxd::pg {
+
+// Which claim of an event an outcome belongs to (the fencing token).
+struct lease_ref {
+    std::int64_t id = 0;
+    std::int32_t attempt = 0;
+};
+
+struct new_event {
+    std::string topic;
+    std::string payload;  // JSON text
+    std::optional<std::string> ordering_key;
+    std::optional<std::string> idempotency_key;
+    std::string headers = "{}";  // JSON object of strings
+    std::chrono::milliseconds delay{0};
+};
+
+class store {
+public:
+    store(std::string dsn, std::string schema, std::string lease_owner);
+    ~store();
+    store(const store&) = delete;
+    store& operator=(const store&) = delete;
+
+    // Connects now (otherwise the first call does). Throws on failure.
+    void connect();
+    [[nodiscard]] bool connected() const noexcept;
+    void disconnect() noexcept;
+
+    // The highest applied migration; nullopt when the outbox is not installed.
+    [[nodiscard]] std::optional<int> schema_version();
+
+    // Up to `limit` due events, leased to us for `lease`.
+    [[nodiscard]] std::vector<event> claim(std::size_t limit, std::chrono::milliseconds lease);
+    // Time until the earliest event that is not due yet (database clock).
+    [[nodiscard]] std::optional<std::chrono::milliseconds> next_due();
+
+    // Each returns which of the given events were still ours (fencing).
+    [[nodiscard]] std::vector<std::int64_t> complete(std::span<const lease_ref> delivered);
+    [[nodiscard]] bool reschedule(lease_ref e, std::chrono::milliseconds delay, std::string_view error);
+    [[nodiscard]] bool bury(lease_ref e, std::string_view error, std::optional<int> status,
+                            std::string_view response_excerpt);
+    // Hands back every event we still hold, due now. Returns how many.
+    std::size_t release();
+
+    [[nodiscard]] std::int64_t enqueue(const new_event& e);
+
+    [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
+
+private:
+    pqxx::connection& conn();
+    template <typename F> auto guarded(F&& f);
+
+    std::string dsn_;
+    std::string schema_;
+    std::string owner_;
+    query_book queries_;
+    std::unique_ptr<pqxx::connection> conn_;
+};
+
+}  // namespace outboxd::pg
