@@ -1,0 +1,54 @@
+#include "pg_fixture.hpp"
+
+#include <cstdlib>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <pqxx/pqxx>
+
+#include "core/log.hpp"
+#include "core/sql_ident.hpp"
+
+namespace outboxd::testing {
+namespace {
+// Migration progress lines would drown the test report.
+const bool quiet = [] {
+    log::set_level(log::level::warn);
+    return true;
+}();
+}  // namespace
+
+std::string database_url() {
+    const char* url = std::getenv("OUTBOXD_TEST_DATABASE_URL");
+    if (url == nullptr || *url == '\0') {
+        throw std::runtime_error("OUTBOXD_TEST_DATABASE_URL is not set; run the tests with scripts/test.sh");
+    }
+    return url;
+}
+
+std::unique_ptr<pqxx::connection> connect() { return std::make_unique<pqxx::connection>(database_url()); }
+
+scratch_schema::scratch_schema(std::string prefix) {
+    std::random_device rd;
+    name_ = fmt::format("{}_{:08x}", prefix, rd());
+}
+
+scratch_schema::~scratch_schema() {
+    try {
+        auto c = connect();
+        pqxx::nontransaction tx(*c);
+        tx.exec("DROP SCHEMA IF EXISTS " + q() + " CASCADE");
+    } catch (...) {
+    }
+}
+
+std::string scratch_schema::q() const { return quote_ident(name_); }
+
+std::string scalar(pqxx::connection& c, const std::string& sql) {
+    pqxx::nontransaction tx(c);
+    const auto r = tx.exec1(sql);
+    return r[0].is_null() ? std::string("NULL") : std::string(r[0].c_str());
+}
+
+}  // namespace outboxd::testing

@@ -1,0 +1,316 @@
+// pg::store — claim, fencing, outcomes, ordering — against a real PostgreSQL.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+
+#include "pg/migrator.hpp"
+#include "pg/store.hpp"
+#include "pg_fixture.hpp"
+
+using namespace outboxd;
+using namespace std::chrono_literals;
+using outboxd::testing::scalar;
+
+namespace {
+
+struct installed {
+    testing::scratch_schema schema;
+    std::unique_ptr<pqxx::connection> admin = testing::connect();
+    installed() { (void)pg::migrate(*admin, schema.name()); }
+
+    [[nodiscard]] pg::store store(const std::string& owner) const {
+        return pg::store(testing::database_url(), schema.name(), owner);
+    }
+    std::string query(const std::string& sql_with_schema) {
+        return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
+    }
+};
+
+pg::new_event ev(std::string topic, std::optional<std::string> key = std::nullopt) {
+    pg::new_event e;
+    e.topic = std::move(topic);
+    e.payload = R"({"n":1})";
+    e.ordering_key = std::move(key);
+    return e;
+}
+
+std::vector<std::int64_t> ids_of(const std::vector<event>& events) {
+    std::vector<std::int64_t> ids;
+    for (const auto& e : events) ids.push_back(e.id);
+    std::sort(ids.begin(), ids.end());
+    return ids;
+}
+
+}  // namespace
+
+TEST_CASE("enqueue: ids, payload and headers round-trip through a claim") {
+    installed db;
+    auto s = db.store("a");
+    auto e = ev("orders.created", "order-7");
+    e.payload = R"({"total": 12.5, "items": ["x"]})";
+    e.headers = R"({"x-tenant": "acme"})";
+    const auto id = s.enqueue(e);
+    const auto claimed = s.claim(10, 30s);
+    REQUIRE(claimed.size() == 1);
+    CHECK(claimed[0].id == id);
+    CHECK(claimed[0].topic == "orders.created");
+    CHECK(claimed[0].ordering_key == std::optional<std::string>("order-7"));
+    CHECK(nlohmann::json::parse(claimed[0].payload) == nlohmann::json::parse(e.payload));
+    REQUIRE(claimed[0].headers.size() == 1);
+    CHECK(claimed[0].headers[0] == std::pair<std::string, std::string>("x-tenant", "acme"));
+    CHECK(claimed[0].attempt == 1);
+}
+
+TEST_CASE("enqueue: a repeated idempotency key returns the first id, even after delivery") {
+    installed db;
+    auto s = db.store("a");
+    auto e = ev("orders.created");
+    e.idempotency_key = "req-1";
+    const auto first = s.enqueue(e);
+    CHECK(s.enqueue(e) == first);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "1");
+
+    auto other_topic = e;
+    other_topic.topic = "orders.updated";
+    CHECK(s.enqueue(other_topic) != first);
+
+    // Deliver the first; the key still maps to it and makes no new event.
+    const auto claimed = s.claim(10, 30s);
+    std::vector<pg::lease_ref> done;
+    for (const auto& c : claimed) done.push_back({c.id, c.attempt});
+    CHECK(s.complete(done).size() == 2);
+    CHECK(s.enqueue(e) == first);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+}
+
+TEST_CASE("enqueue: concurrent producers with one idempotency key make one event") {
+    installed db;
+    std::vector<std::future<std::int64_t>> producers;
+    for (int i = 0; i < 4; ++i) {
+        producers.push_back(std::async(std::launch::async, [&] {
+            auto s = db.store("p");
+            auto e = ev("t");
+            e.idempotency_key = "same";
+            return s.enqueue(e);
+        }));
+    }
+    std::set<std::int64_t> ids;
+    for (auto& p : producers) ids.insert(p.get());
+    CHECK(ids.size() == 1);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "1");
+}
+
+TEST_CASE("enqueue: the table refuses headers that are not an object of strings") {
+    installed db;
+    auto s = db.store("a");
+    auto e = ev("t");
+    e.headers = R"({"x": 1})";
+    CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
+    e.headers = R"(["x"])";
+    CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+}
+
+TEST_CASE("claim stamps a lease; another relay gets nothing while it holds") {
+    installed db;
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    (void)a.enqueue(ev("t"));
+    const auto got = a.claim(10, 30s);
+    REQUIRE(got.size() == 1);
+    CHECK(db.query("SELECT lease_owner FROM {s}.events") == "relay-a");
+    CHECK(db.query("SELECT attempts FROM {s}.events") == "1");
+    CHECK(db.query("SELECT available_at > now() + interval '25 seconds' FROM {s}.events") == "t");
+    CHECK(b.claim(10, 30s).empty());
+}
+
+TEST_CASE("claim never returns more than asked") {
+    installed db;
+    auto s = db.store("a");
+    for (int i = 0; i < 10; ++i) (void)s.enqueue(ev("t"));
+    CHECK(s.claim(3, 30s).size() == 3);
+    CHECK(s.claim(100, 30s).size() == 7);
+    CHECK(s.claim(100, 30s).empty());
+}
+
+TEST_CASE("two claimers racing never get the same event, and together get all") {
+    installed db;
+    {
+        pqxx::work tx(*db.admin);
+        tx.exec(fmt::format("SELECT {}.enqueue('t', '{{}}') FROM generate_series(1, 3000)", db.schema.q()));
+        tx.commit();
+    }
+    auto drain = [&](std::string owner) {
+        auto s = db.store(owner);
+        std::vector<std::int64_t> mine;
+        for (;;) {
+            const auto got = s.claim(25, 60s);
+            if (got.empty()) break;
+            for (const auto& e : got) mine.push_back(e.id);
+        }
+        return mine;
+    };
+    auto fa = std::async(std::launch::async, drain, "a");
+    auto fb = std::async(std::launch::async, drain, "b");
+    const auto a = fa.get();
+    const auto b = fb.get();
+    std::set<std::int64_t> all(a.begin(), a.end());
+    for (const auto id : b) CHECK_MESSAGE(all.insert(id).second, "event " << id << " claimed twice");
+    CHECK(all.size() == 3000);
+    CHECK(a.size() + b.size() == 3000);
+}
+
+TEST_CASE("an expired lease is claimable again, and the old holder is fenced out") {
+    installed db;
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    const auto id = a.enqueue(ev("t"));
+    const auto first = a.claim(1, 1ms);
+    REQUIRE(first.size() == 1);
+    // Wait until the database's clock has passed the 1 ms lease.
+    std::vector<event> second;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (second.empty() && std::chrono::steady_clock::now() < deadline) {
+        second = b.claim(1, 30s);
+    }
+    REQUIRE(second.size() == 1);
+    CHECK(second[0].id == id);
+    CHECK(second[0].attempt == 2);
+
+    // relay-a finishes late: none of its outcomes may touch relay-b's claim.
+    const pg::lease_ref stale{id, first[0].attempt};
+    CHECK(a.complete(std::vector{stale}).empty());
+    CHECK_FALSE(a.reschedule(stale, 1h, "late"));
+    CHECK_FALSE(a.bury(stale, "late", 500, ""));
+    CHECK(db.query("SELECT lease_owner || ':' || attempts FROM {s}.events") == "relay-b:2");
+
+    CHECK(b.complete(std::vector{pg::lease_ref{id, 2}}) == std::vector<std::int64_t>{id});
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+}
+
+TEST_CASE("reschedule: not claimable before its time; next_due says when") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev("t"));
+    const auto got = s.claim(1, 30s);
+    REQUIRE(got.size() == 1);
+    CHECK(s.reschedule({id, 1}, 1h, "HTTP 500: boom"));
+    CHECK(db.query("SELECT last_error FROM {s}.events") == "HTTP 500: boom");
+    CHECK(db.query("SELECT lease_owner IS NULL FROM {s}.events") == "t");
+    CHECK(s.claim(10, 30s).empty());
+    const auto due = s.next_due();
+    REQUIRE(due.has_value());
+    CHECK(*due > 3590s);
+    CHECK(*due <= 3600s);
+}
+
+TEST_CASE("reschedule stores an error text that is not valid UTF-8") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev("t"));
+    REQUIRE(s.claim(1, 30s).size() == 1);
+    CHECK(s.reschedule({id, 1}, 1ms, std::string("bad \xff\xfe bytes \0 here", 20)));
+    CHECK(db.query("SELECT last_error LIKE 'bad %' FROM {s}.events") == "t");
+}
+
+TEST_CASE("bury moves the event to dead letters with what went wrong") {
+    installed db;
+    auto s = db.store("a");
+    auto e = ev("orders", "k1");
+    e.idempotency_key = "idem";
+    const auto id = s.enqueue(e);
+    REQUIRE(s.claim(1, 30s).size() == 1);
+    CHECK(s.bury({id, 1}, "permanent failure: HTTP 410", 410, "gone for good"));
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    CHECK(db.query("SELECT id || '|' || topic || '|' || ordering_key || '|' || attempts || '|' || last_status || '|' || "
+                   "response_excerpt || '|' || idempotency_key FROM {s}.dead_letters") ==
+          fmt::format("{}|orders|k1|1|410|gone for good|idem", id));
+}
+
+TEST_CASE("release hands back what we hold, due now") {
+    installed db;
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    for (int i = 0; i < 3; ++i) (void)a.enqueue(ev("t"));
+    REQUIRE(a.claim(2, 1h).size() == 2);
+    CHECK(a.release() == 2);
+    CHECK(b.claim(10, 30s).size() == 3);
+}
+
+TEST_CASE("per-key order: only the oldest event of a key is claimable") {
+    installed db;
+    auto s = db.store("a");
+    const auto k1 = s.enqueue(ev("t", "k"));
+    const auto k2 = s.enqueue(ev("t", "k"));
+    const auto free1 = s.enqueue(ev("t"));
+    const auto j1 = s.enqueue(ev("t", "j"));
+    const auto free2 = s.enqueue(ev("t"));
+
+    const auto first = s.claim(10, 30s);
+    CHECK(ids_of(first) == std::vector<std::int64_t>{k1, free1, j1, free2});
+    // k2 stays blocked while k1 is in flight ...
+    CHECK(s.claim(10, 30s).empty());
+    // ... and while k1 waits for a retry.
+    CHECK(s.reschedule({k1, 1}, 1ms, "retry"));
+    std::vector<event> next;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (next.empty() && std::chrono::steady_clock::now() < deadline) next = s.claim(10, 30s);
+    CHECK(ids_of(next) == std::vector<std::int64_t>{k1});
+    // Once k1 is delivered, k2 is next.
+    CHECK(s.complete(std::vector{pg::lease_ref{k1, 2}}).size() == 1);
+    CHECK(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k2});
+}
+
+TEST_CASE("a dead-lettered event no longer blocks its key") {
+    installed db;
+    auto s = db.store("a");
+    const auto k1 = s.enqueue(ev("t", "k"));
+    const auto k2 = s.enqueue(ev("t", "k"));
+    REQUIRE(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k1});
+    CHECK(s.bury({k1, 1}, "poison", 400, ""));
+    CHECK(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k2});
+}
+
+TEST_CASE("delayed events wait for their time") {
+    installed db;
+    auto s = db.store("a");
+    auto e = ev("t");
+    e.delay = 1h;
+    (void)s.enqueue(e);
+    CHECK(s.claim(10, 30s).empty());
+    const auto due = s.next_due();
+    REQUIRE(due.has_value());
+    CHECK(*due > 3590s);
+}
+
+TEST_CASE("next_due is empty when nothing waits") {
+    installed db;
+    auto s = db.store("a");
+    CHECK_FALSE(s.next_due().has_value());
+}
+
+TEST_CASE("a lost connection is reported and the next call reconnects") {
+    installed db;
+    auto s = db.store("a");
+    (void)s.enqueue(ev("t"));
+    // Kill every other idle session of ours: the store's connection among them.
+    (void)scalar(*db.admin, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'");
+    bool threw = false;
+    try {
+        (void)s.claim(10, 30s);
+    } catch (const pqxx::broken_connection&) {
+        threw = true;
+    }
+    CHECK(threw);
+    CHECK_FALSE(s.connected());
+    CHECK(s.claim(10, 30s).size() == 1);
+}
