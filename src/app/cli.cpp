@@ -12,16 +12,16 @@ namespace {
 
 struct option_spec {
     std::string_view name;
-    std::string_view command;  // "" = global
+    std::string_view commands;  // space-separated commands it belongs to; "" = global
     bool repeatable = false;
+    bool takes_value = true;
 };
 
-// Every option takes a value except --help and --version.
-constexpr std::array<option_spec, 19> known_options{{
+constexpr std::array<option_spec, 24> known_options{{
     {"database-url", ""},
     {"schema", ""},
     {"log-level", ""},
-    {"topic", "enqueue"},
+    {"topic", "enqueue dead"},
     {"payload", "enqueue"},
     {"key", "enqueue"},
     {"idempotency-key", "enqueue"},
@@ -37,9 +37,33 @@ constexpr std::array<option_spec, 19> known_options{{
     {"retry-cap", "run"},
     {"max-attempts", "run"},
     {"shutdown-timeout", "run"},
+    {"older-than", "dead"},
+    {"limit", "dead"},
+    {"id", "dead"},
+    {"json", "dead status", false, false},
+    {"all", "dead", false, false},
 }};
 
-constexpr std::array<std::string_view, 4> commands{"migrate", "sql", "enqueue", "run"};
+constexpr std::array<std::string_view, 6> commands{"migrate", "sql", "enqueue", "run", "dead", "status"};
+constexpr std::array<std::string_view, 3> dead_subcommands{"list", "replay", "purge"};
+
+bool belongs_to(const option_spec& spec, std::string_view command) {
+    if (spec.commands.empty()) return true;
+    std::string_view rest = spec.commands;
+    while (!rest.empty()) {
+        const auto space = rest.find(' ');
+        if (rest.substr(0, space) == command) return true;
+        if (space == std::string_view::npos) break;
+        rest.remove_prefix(space + 1);
+    }
+    return false;
+}
+
+const option_spec* find_option(std::string_view name) {
+    const auto it = std::find_if(known_options.begin(), known_options.end(),
+                                 [&](const option_spec& s) { return s.name == name; });
+    return it == known_options.end() ? nullptr : &*it;
+}
 
 [[noreturn]] void usage_error(const std::string& message) {
     throw fatal_error(exit_usage, fmt::format("{} (see `outboxd --help`)", message));
@@ -70,12 +94,18 @@ parsed_args parse_args(int argc, const char* const* argv) {
         } else if (arg.starts_with("--")) {
             auto name = std::string(arg.substr(2));
             std::string value;
-            if (const auto eq = name.find('='); eq != std::string::npos) {
+            const auto eq = name.find('=');
+            if (eq != std::string::npos) {
                 value = name.substr(eq + 1);
                 name.resize(eq);
-            } else {
+            }
+            const auto* spec = find_option(name);
+            if (spec == nullptr) usage_error(fmt::format("unknown option --{}", name));
+            if (spec->takes_value && eq == std::string::npos) {
                 if (i + 1 >= argc) usage_error(fmt::format("option --{} needs a value", name));
                 value = argv[++i];
+            } else if (!spec->takes_value && eq != std::string::npos) {
+                usage_error(fmt::format("option --{} takes no value", name));
             }
             given.emplace_back(std::move(name), std::move(value));
         } else if (out.command.empty()) {
@@ -83,16 +113,22 @@ parsed_args parse_args(int argc, const char* const* argv) {
                 usage_error(fmt::format("unknown command '{}'", arg));
             }
             out.command = arg;
+        } else if (out.command == "dead" && out.subcommand.empty()) {
+            if (std::find(dead_subcommands.begin(), dead_subcommands.end(), arg) == dead_subcommands.end()) {
+                usage_error(fmt::format("unknown `outboxd dead` command '{}': expected list, replay or purge", arg));
+            }
+            out.subcommand = arg;
         } else {
             usage_error(fmt::format("unexpected argument '{}'", arg));
         }
     }
+    if (out.command == "dead" && out.subcommand.empty() && !out.help) {
+        usage_error("`outboxd dead` needs a command: list, replay or purge");
+    }
     for (auto& [name, value] : given) {
-        const auto spec = std::find_if(known_options.begin(), known_options.end(),
-                                       [&](const option_spec& s) { return s.name == name; });
-        if (spec == known_options.end()) usage_error(fmt::format("unknown option --{}", name));
-        if (!spec->command.empty() && spec->command != out.command) {
-            usage_error(fmt::format("option --{} belongs to `outboxd {}`", name, spec->command));
+        const auto* spec = find_option(name);
+        if (!belongs_to(*spec, out.command)) {
+            usage_error(fmt::format("option --{} does not apply to `outboxd {}`", name, out.command));
         }
         auto& slot = out.values[name];
         if (!slot.empty() && !spec->repeatable) usage_error(fmt::format("option --{} given twice", name));
@@ -113,6 +149,11 @@ Commands:
               [--header NAME=VALUE]... [--delay DURATION]; prints the event id.
               Without --payload the payload is read from standard input.
   run         deliver events to a webhook until SIGINT/SIGTERM
+  status      per topic: pending, in flight, retrying, oldest age, dead letters [--json]
+  dead list   dead letters, oldest first [--topic T] [--older-than D] [--limit N] [--json]
+  dead replay put dead letters back into the outbox under their original ids, due now:
+              --id N, or --all, or a filter [--topic T] [--older-than D]
+  dead purge  delete dead letters --older-than D [--topic T]
 
 Global options (also as environment variables):
   --database-url URL   DATABASE_URL       libpq URI or key=value string

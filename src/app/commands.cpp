@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <random>
 
 #include <fmt/format.h>
@@ -22,6 +23,7 @@
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
 #include "core/sql_ident.hpp"
+#include "pg/dead_letters.hpp"
 #include "pg/migrator.hpp"
 #include "pg/named_queries.hpp"
 #include "pg/store.hpp"
@@ -130,6 +132,22 @@ int cmd_migrate(const parsed_args& args) {
     }
 }
 
+// Maps "the outbox is not there" to exit 4; other errors pass through.
+template <typename F>
+auto with_installed_outbox(const std::string& schema, F&& f) {
+    try {
+        return f();
+    } catch (const pqxx::sql_error& err) {
+        const auto& state = err.sqlstate();
+        if (state == "42883" || state == "42P01" || state == "3F000") {
+            throw fatal_error(exit_schema_missing,
+                              fmt::format("the outbox is not installed in schema {}; run `outboxd migrate`",
+                                          quote_ident(schema)));
+        }
+        throw;
+    }
+}
+
 int cmd_enqueue(const parsed_args& args) {
     const auto schema = schema_of(args);
     pg::new_event e;
@@ -165,22 +183,96 @@ int cmd_enqueue(const parsed_args& args) {
         throw database_unavailable(err, dsn);
     }
     try {
-        std::cout << store.enqueue(e) << '\n';
+        std::cout << with_installed_outbox(schema, [&] { return store.enqueue(e); }) << '\n';
         return exit_ok;
     } catch (const pqxx::sql_error& err) {
-        const auto& state = err.sqlstate();
-        // 42883 undefined function, 42P01 undefined table, 3F000 no such schema
-        if (state == "42883" || state == "42P01" || state == "3F000") {
-            throw fatal_error(exit_schema_missing,
-                              fmt::format("the outbox is not installed in schema {}; run `outboxd migrate`",
-                                          quote_ident(schema)));
-        }
         // Class 22 (data exception) and 23 (integrity constraint): bad input.
+        const auto& state = err.sqlstate();
         if (state.starts_with("22") || state.starts_with("23")) {
             throw fatal_error(exit_invalid_input, fmt::format("event refused: {}", err.what()));
         }
         throw;
     }
+}
+
+int cmd_status(const parsed_args& args) {
+    const auto schema = schema_of(args);
+    const auto dsn = dsn_of(args);
+    auto conn = connect(dsn);
+    const auto topics = with_installed_outbox(schema, [&] { return pg::outbox_status(*conn, schema); });
+    if (args.flag("json")) {
+        auto out = nlohmann::json::array();
+        for (const auto& t : topics) {
+            out.push_back({{"topic", t.topic}, {"pending", t.pending}, {"in_flight", t.in_flight},
+                           {"retrying", t.retrying}, {"oldest_seconds", t.oldest_seconds}, {"dead", t.dead}});
+        }
+        std::cout << out.dump() << '\n';
+        return exit_ok;
+    }
+    std::cout << fmt::format("{:<32} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "topic", "pending", "in_flight",
+                             "retrying", "oldest_age", "dead");
+    for (const auto& t : topics) {
+        std::cout << fmt::format("{:<32} {:>10} {:>10} {:>10} {:>11.1f}s {:>10}\n", t.topic, t.pending,
+                                 t.in_flight, t.retrying, t.oldest_seconds, t.dead);
+    }
+    return exit_ok;
+}
+
+pg::dead_filter dead_filter_of(const parsed_args& args) {
+    pg::dead_filter f;
+    f.topic = args.get("topic");
+    if (args.get("older-than")) f.older_than = duration_option(args, "older-than", {});
+    if (args.get("id")) f.id = parse_int(args, "id", 0, 1, std::numeric_limits<long long>::max());
+    return f;
+}
+
+int cmd_dead(const parsed_args& args) {
+    const auto schema = schema_of(args);
+    const auto filter = dead_filter_of(args);
+    if (args.subcommand == "list" && filter.id) throw fatal_error(exit_usage, "--id applies to `dead replay` only");
+    if (args.subcommand == "replay" && !filter.id && !filter.topic && !filter.older_than && !args.flag("all")) {
+        throw fatal_error(exit_usage, "`outboxd dead replay` needs --id N, a filter (--topic, --older-than) or --all");
+    }
+    if (args.subcommand == "purge" && !filter.older_than) {
+        throw fatal_error(exit_usage, "`outboxd dead purge` needs --older-than (e.g. --older-than 0s for all)");
+    }
+    const auto dsn = dsn_of(args);
+    auto conn = connect(dsn);
+    return with_installed_outbox(schema, [&] {
+        if (args.subcommand == "list") {
+            const auto limit = static_cast<std::size_t>(parse_int(args, "limit", 100, 1, 1'000'000));
+            const auto dead = pg::list_dead(*conn, schema, filter, limit);
+            if (args.flag("json")) {
+                for (const auto& d : dead) {
+                    nlohmann::json j{{"id", d.id}, {"topic", d.topic}, {"attempts", d.attempts},
+                                     {"last_error", d.last_error}, {"response_excerpt", d.response_excerpt},
+                                     {"created_at", d.created_at}, {"died_at", d.died_at},
+                                     {"payload", nlohmann::json::parse(d.payload)}};
+                    j["ordering_key"] = d.ordering_key ? nlohmann::json(*d.ordering_key) : nlohmann::json();
+                    j["last_status"] = d.last_status ? nlohmann::json(*d.last_status) : nlohmann::json();
+                    std::cout << j.dump() << '\n';
+                }
+                return exit_ok;
+            }
+            for (const auto& d : dead) {
+                std::cout << fmt::format("{}  {}  key={}  attempts={}  status={}  died_at={}\n    {}\n", d.id, d.topic,
+                                         d.ordering_key.value_or("-"), d.attempts,
+                                         d.last_status ? fmt::format("{}", *d.last_status) : "-", d.died_at,
+                                         d.last_error);
+            }
+            return exit_ok;
+        }
+        if (args.subcommand == "replay") {
+            const auto ids = pg::replay_dead(*conn, schema, filter);
+            log::info("replayed dead letters", {{"count", fmt::format("{}", ids.size())}});
+            for (const auto id : ids) std::cout << id << '\n';
+            return exit_ok;
+        }
+        const auto purged = pg::purge_dead(*conn, schema, *filter.older_than, filter.topic);
+        log::info("purged dead letters", {{"count", fmt::format("{}", purged)}});
+        std::cout << purged << '\n';
+        return exit_ok;
+    });
 }
 
 std::string make_lease_owner() {
@@ -240,6 +332,8 @@ int dispatch(const parsed_args& args) {
     if (args.command == "migrate") return cmd_migrate(args);
     if (args.command == "enqueue") return cmd_enqueue(args);
     if (args.command == "run") return cmd_run(args);
+    if (args.command == "status") return cmd_status(args);
+    if (args.command == "dead") return cmd_dead(args);
     throw fatal_error(exit_usage, fmt::format("unknown command '{}'", args.command));
 }
 

@@ -109,3 +109,56 @@ RETURNING id;
 
 -- name: enqueue
 SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval '1 millisecond');
+
+-- name: dead_list
+-- $1 = topic or NULL, $2 = only those that died more than $2 ms ago (or NULL),
+-- $3 = limit. Oldest first.
+SELECT id, topic, ordering_key, attempts, last_status, last_error, response_excerpt,
+       created_at, died_at, payload::text
+FROM :"schema".dead_letters
+WHERE ($1::text IS NULL OR topic = $1)
+  AND ($2::bigint IS NULL OR died_at < now() - $2 * interval '1 millisecond')
+ORDER BY id
+LIMIT $3;
+
+-- name: dead_replay
+-- Moves dead letters back into the outbox under their original id (consumers
+-- still recognise a replayed event), due now, attempts from zero.
+-- $1 = one id or NULL, $2 = topic or NULL, $3 = older than $3 ms or NULL.
+WITH revived AS (
+    DELETE FROM :"schema".dead_letters
+    WHERE ($1::bigint IS NULL OR id = $1)
+      AND ($2::text IS NULL OR topic = $2)
+      AND ($3::bigint IS NULL OR died_at < now() - $3 * interval '1 millisecond')
+    RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, last_error
+)
+INSERT INTO :"schema".events
+    (id, topic, ordering_key, payload, headers, idempotency_key, created_at, available_at, attempts, last_error)
+OVERRIDING SYSTEM VALUE
+SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, now(), 0, last_error
+FROM revived
+RETURNING id;
+
+-- name: dead_purge
+-- $1 = older than $1 ms, $2 = topic or NULL.
+DELETE FROM :"schema".dead_letters
+WHERE died_at < now() - $1 * interval '1 millisecond'
+  AND ($2::text IS NULL OR topic = $2)
+RETURNING id;
+
+-- name: status
+-- Per topic: what waits in the outbox and what died. For `outboxd status`.
+WITH live AS (
+    SELECT topic,
+           count(*) AS pending,
+           count(*) FILTER (WHERE lease_owner IS NOT NULL) AS in_flight,
+           count(*) FILTER (WHERE lease_owner IS NULL AND attempts > 0) AS retrying,
+           extract(epoch FROM now() - min(created_at)) AS oldest_seconds
+    FROM :"schema".events GROUP BY topic
+), dead AS (
+    SELECT topic, count(*) AS dead FROM :"schema".dead_letters GROUP BY topic
+)
+SELECT coalesce(live.topic, dead.topic), coalesce(pending, 0), coalesce(in_flight, 0),
+       coalesce(retrying, 0), coalesce(oldest_seconds, 0)::float8, coalesce(dead, 0)
+FROM live FULL JOIN dead ON dead.topic = live.topic
+ORDER BY 1;

@@ -1,0 +1,56 @@
+#pragma once
+// Operator access to dead letters and the outbox's state (the `outboxd dead`
+// and `outboxd status` commands). Plain blocking calls on one connection.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pqxx/connection>
+
+namespace outboxd::pg {
+
+struct dead_filter {
+    std::optional<std::int64_t> id;  // replay only
+    std::optional<std::string> topic;
+    std::optional<std::chrono::milliseconds> older_than;  // died at least this long ago
+};
+
+struct dead_letter {
+    std::int64_t id = 0;
+    std::string topic;
+    std::optional<std::string> ordering_key;
+    int attempts = 0;
+    std::optional<int> last_status;
+    std::string last_error;
+    std::string response_excerpt;
+    std::string created_at;  // ISO 8601, as PostgreSQL prints it
+    std::string died_at;
+    std::string payload;     // JSON text
+};
+
+struct topic_status {
+    std::string topic;
+    std::int64_t pending = 0;    // in the outbox: due, waiting or in flight
+    std::int64_t in_flight = 0;  // leased by a relay
+    std::int64_t retrying = 0;   // failed at least once, waiting for the next attempt
+    double oldest_seconds = 0;   // age of the oldest pending event
+    std::int64_t dead = 0;
+};
+
+[[nodiscard]] std::vector<dead_letter> list_dead(pqxx::connection& conn, const std::string& schema,
+                                                 const dead_filter& filter, std::size_t limit);
+
+// Returns the ids put back into the outbox (due now, attempts reset).
+[[nodiscard]] std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string& schema,
+                                                    const dead_filter& filter);
+
+// Deletes dead letters that died more than `older_than` ago. Returns how many.
+[[nodiscard]] std::size_t purge_dead(pqxx::connection& conn, const std::string& schema,
+                                     std::chrono::milliseconds older_than, const std::optional<std::string>& topic);
+
+[[nodiscard]] std::vector<topic_status> outbox_status(pqxx::connection& conn, const std::string& schema);
+
+}  // namespace outboxd::pg
