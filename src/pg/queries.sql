@@ -37,16 +37,19 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- Picks due events and stamps our lease in one short statement; no
 -- transaction stays open while events are delivered.
 -- An event with an ordering key is due only while no earlier event of its key
--- is still in the table (in flight, waiting for a retry, or not yet due), so
--- a key never has two events out at once, across any number of relays.
+-- is still in the table (in flight, waiting for a retry, or not yet due) and
+-- no other event of its key is leased (a replayed dead letter has an older id
+-- than events of its key that may be out already). So a key never has two
+-- events out at once, across any number of relays.
 -- $1 = how many (free delivery slots), $2 = lease owner, $3 = lease in ms.
 WITH due AS (
     SELECT e.id
     FROM :"schema".events e
     WHERE e.available_at <= now()
       AND (e.ordering_key IS NULL OR NOT EXISTS (
-              SELECT 1 FROM :"schema".events earlier
-              WHERE earlier.ordering_key = e.ordering_key AND earlier.id < e.id))
+              SELECT 1 FROM :"schema".events other
+              WHERE other.ordering_key = e.ordering_key
+                AND (other.id < e.id OR (other.lease_owner IS NOT NULL AND other.available_at > now()))))
     ORDER BY e.available_at, e.id
     LIMIT $1
     FOR UPDATE SKIP LOCKED

@@ -314,3 +314,25 @@ TEST_CASE("a lost connection is reported and the next call reconnects") {
     CHECK_FALSE(s.connected());
     CHECK(s.claim(10, 30s).size() == 1);
 }
+
+TEST_CASE("a replayed dead letter waits while a later event of its key is in flight") {
+    installed db;
+    auto s = db.store("a");
+    const auto k1 = s.enqueue(ev("t", "k"));
+    const auto k2 = s.enqueue(ev("t", "k"));
+    REQUIRE(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k1});
+    CHECK(s.bury({k1, 1}, "poison", 400, ""));
+    REQUIRE(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k2});
+    // k1 comes back while k2 is out: it must not go out alongside k2.
+    {
+        pqxx::work tx(*db.admin);
+        tx.exec(fmt::format("WITH r AS (DELETE FROM {0}.dead_letters RETURNING *) INSERT INTO {0}.events "
+                            "(id, topic, ordering_key, payload, headers, created_at) OVERRIDING SYSTEM VALUE "
+                            "SELECT id, topic, ordering_key, payload, headers, created_at FROM r",
+                            db.schema.q()));
+        tx.commit();
+    }
+    CHECK(s.claim(10, 30s).empty());
+    CHECK(s.complete(std::vector{pg::lease_ref{k2, 1}}).size() == 1);
+    CHECK(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k1});
+}
