@@ -17,7 +17,7 @@ struct option_spec {
     bool takes_value = true;
 };
 
-constexpr std::array<option_spec, 24> known_options{{
+constexpr std::array<option_spec, 26> known_options{{
     {"database-url", ""},
     {"schema", ""},
     {"log-level", ""},
@@ -37,6 +37,8 @@ constexpr std::array<option_spec, 24> known_options{{
     {"retry-cap", "run"},
     {"max-attempts", "run"},
     {"shutdown-timeout", "run"},
+    {"permanent-statuses", "run"},
+    {"throttle-statuses", "run"},
     {"older-than", "dead"},
     {"limit", "dead"},
     {"id", "dead"},
@@ -173,6 +175,8 @@ Global options (also as environment variables):
   --retry-cap DURATION      longest retry delay, default 6h
   --max-attempts N          attempts before dead letters, default 20
   --shutdown-timeout DURATION  wait for in-flight deliveries on SIGTERM, default 10s
+  --permanent-statuses LIST dead-letter at once on these, default 410
+  --throttle-statuses LIST  honour Retry-After on these, default 429,502,503,504
 
 Exit codes:
   0 ok (also after a graceful shutdown)   1 internal error

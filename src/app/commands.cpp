@@ -299,6 +299,12 @@ int cmd_run(const parsed_args& args) {
     o.retry.base = duration_option(args, "retry-base", o.retry.base);
     o.retry.cap = duration_option(args, "retry-cap", o.retry.cap);
     o.retry.max_attempts = static_cast<int>(parse_int(args, "max-attempts", o.retry.max_attempts, 1, 1000));
+    if (auto list = args.get("permanent-statuses")) {
+        o.retry.permanent_statuses = usage_checked("permanent-statuses", [&] { return parse_status_list(*list); });
+    }
+    if (auto list = args.get("throttle-statuses")) {
+        o.retry.throttle_statuses = usage_checked("throttle-statuses", [&] { return parse_status_list(*list); });
+    }
     using std::chrono::milliseconds;
     if (o.sweep_interval < milliseconds(100)) throw fatal_error(exit_usage, "--sweep-interval: at least 100ms");
     if (o.connect_timeout < milliseconds(1) || o.request_timeout < milliseconds(1)) {

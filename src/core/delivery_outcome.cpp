@@ -5,10 +5,6 @@
 namespace outboxd {
 namespace {
 
-bool honours_retry_after(unsigned status) {
-    return status == 429 || status == 502 || status == 503 || status == 504;
-}
-
 std::string describe(const attempt_report& report) {
     if (report.transport_error) return std::string(report.error);
     if (report.body_excerpt.empty()) return fmt::format("HTTP {}", report.status);
@@ -25,7 +21,7 @@ delivery_outcome classify_attempt(const attempt_report& report, int attempt, con
         return out;
     }
     out.error = describe(report);
-    if (!report.transport_error && report.status == 410) {
+    if (!report.transport_error && policy.is_permanent(report.status)) {
         out.what = delivery_outcome::kind::dead;
         out.error = fmt::format("permanent failure: {}", out.error);
         return out;
@@ -37,7 +33,7 @@ delivery_outcome classify_attempt(const attempt_report& report, int attempt, con
     }
     out.what = delivery_outcome::kind::retry;
     out.retry_in = policy.backoff(attempt, unit_random);
-    if (!report.transport_error && honours_retry_after(report.status)) {
+    if (!report.transport_error && policy.is_throttle(report.status)) {
         if (auto wait = parse_retry_after(report.retry_after, now)) out.retry_in = *wait;
     }
     return out;

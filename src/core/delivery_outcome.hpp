@@ -25,8 +25,8 @@ struct delivery_outcome {
     std::string error;                      // for retry and dead: why
 };
 
-// Status semantics: 2xx delivered. 410 Gone is permanent. 429/502/503/504
-// throttle: their Retry-After, when given, replaces the backoff (the peer
+// Status semantics (sets configurable in retry_policy): 2xx delivered.
+// 410 Gone is permanent. 429/502/503/504 throttle: their Retry-After, when given, replaces the backoff (the peer
 // knows its own load best; parse_retry_after caps it at a day). Everything
 // else — other statuses, 3xx (redirects are not followed), transport errors —
 // retries with exponential backoff. The last allowed attempt that fails goes

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <ctime>
+#include <stdexcept>
 #include <string>
 
 namespace outboxd {
@@ -15,6 +16,37 @@ std::chrono::milliseconds retry_policy::backoff(int attempt, double unit_random)
     const double r = std::clamp(unit_random, 0.0, 1.0);
     const double drawn = full * (1.0 - std::clamp(jitter, 0.0, 1.0) * r);
     return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(drawn)));
+}
+
+bool retry_policy::is_permanent(unsigned status) const noexcept {
+    return std::find(permanent_statuses.begin(), permanent_statuses.end(), status) != permanent_statuses.end();
+}
+
+bool retry_policy::is_throttle(unsigned status) const noexcept {
+    return std::find(throttle_statuses.begin(), throttle_statuses.end(), status) != throttle_statuses.end();
+}
+
+std::vector<unsigned> parse_status_list(std::string_view text) {
+    std::vector<unsigned> out;
+    while (!text.empty()) {
+        const auto comma = text.find(',');
+        auto item = text.substr(0, comma);
+        while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+        while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+        unsigned status = 0;
+        auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), status);
+        if (item.empty() || ec != std::errc{} || end != item.data() + item.size() || status < 100 || status > 599) {
+            throw std::invalid_argument("expected comma-separated HTTP statuses from 100 to 599, got '" +
+                                        std::string(item) + "'");
+        }
+        if (status >= 200 && status < 300) {
+            throw std::invalid_argument("2xx means delivered and cannot be listed: '" + std::string(item) + "'");
+        }
+        out.push_back(status);
+        if (comma == std::string_view::npos) break;
+        text.remove_prefix(comma + 1);
+    }
+    return out;
 }
 
 std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view value,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace outboxd {
 
@@ -18,13 +19,23 @@ struct retry_policy {
     // Each delay is drawn uniformly from [d * (1 - jitter), d]: retries of
     // events that failed together spread out instead of arriving together.
     double jitter = 0.2;
+    // Statuses that can never succeed: dead-lettered at once.
+    std::vector<unsigned> permanent_statuses{410};
+    // Statuses that mean "not now": their Retry-After replaces the backoff.
+    std::vector<unsigned> throttle_statuses{429, 502, 503, 504};
 
     // Delay before the attempt after `attempt` (1-based: the first failure is
     // attempt 1). `unit_random` is in [0, 1).
     [[nodiscard]] std::chrono::milliseconds backoff(int attempt, double unit_random) const noexcept;
 
     [[nodiscard]] bool exhausted(int attempt) const noexcept { return attempt >= max_attempts; }
+    [[nodiscard]] bool is_permanent(unsigned status) const noexcept;
+    [[nodiscard]] bool is_throttle(unsigned status) const noexcept;
 };
+
+// Parses a comma-separated list of HTTP statuses ("410,422"); an empty
+// string is an empty list. Throws std::invalid_argument naming the bad item.
+[[nodiscard]] std::vector<unsigned> parse_status_list(std::string_view text);
 
 // Parses Retry-After (RFC 9110: delay-seconds or an HTTP-date) into a delay
 // from `now`. nullopt when absent or unparseable; a date in the past gives 0.
