@@ -23,6 +23,7 @@
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
 #include "core/sql_ident.hpp"
+#include "pg/conninfo.hpp"
 #include "pg/dead_letters.hpp"
 #include "pg/migrator.hpp"
 #include "pg/named_queries.hpp"
@@ -85,6 +86,9 @@ std::string schema_of(const parsed_args& args) {
 
 std::string dsn_of(const parsed_args& args) {
     const auto raw = option_or_env(args, "database-url", "DATABASE_URL");
+    if (auto error = pg::conninfo_error(raw)) {
+        throw fatal_error(exit_usage, fmt::format("invalid database URL ({}): {}", redact_dsn(raw), *error));
+    }
     // Name ourselves in pg_stat_activity; bound connection attempts so a
     // black-holed host is reported instead of hanging.
     return with_default(with_default(raw, "application_name", "outboxd"), "connect_timeout", "10");

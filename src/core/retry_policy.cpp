@@ -10,7 +10,7 @@
 namespace outboxd {
 
 std::chrono::milliseconds retry_policy::backoff(int attempt, double unit_random) const noexcept {
-    const int exponent = std::clamp(attempt - 1, 0, 40);
+    const int exponent = std::clamp(attempt, 1, 41) - 1;  // no overflow for any int
     const double uncapped = static_cast<double>(base.count()) * std::ldexp(1.0, exponent);
     const double full = std::min(uncapped, static_cast<double>(cap.count()));
     const double r = std::clamp(unit_random, 0.0, 1.0);
@@ -28,7 +28,8 @@ bool retry_policy::is_throttle(unsigned status) const noexcept {
 
 std::vector<unsigned> parse_status_list(std::string_view text) {
     std::vector<unsigned> out;
-    while (!text.empty()) {
+    if (text.empty()) return out;
+    for (;;) {
         const auto comma = text.find(',');
         auto item = text.substr(0, comma);
         while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
@@ -56,11 +57,12 @@ std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view valu
     if (value.empty()) return std::nullopt;
 
     if (std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        // A day is the most we take from a peer; larger values (even ones
+        // too large for 64 bits) are clamped.
         std::int64_t seconds = 0;
         auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
-        if (ec != std::errc{} || end != value.data() + value.size()) return std::nullopt;
-        // A day is the most we take from a peer; larger values are clamped.
-        seconds = std::min<std::int64_t>(seconds, 86'400);
+        if (ec == std::errc::result_out_of_range || seconds > 86'400) seconds = 86'400;
+        else if (ec != std::errc{} || end != value.data() + value.size()) return std::nullopt;
         return std::chrono::milliseconds(seconds * 1000);
     }
 

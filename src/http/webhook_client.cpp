@@ -278,6 +278,8 @@ public:
         // connection is unusable. EAGAIN = nothing to read, still open.
         // This catches almost every stale connection before a request is
         // wasted on it; the retry in on_write/on_read covers the race left.
+        // TLS: unread bytes may then be a TLS record (a late session ticket),
+        // so only n == 0 should count as closed there.
         char byte = 0;
         ssize_t const n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
         return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
@@ -598,6 +600,7 @@ pool::pool(net::io_context& ioc, endpoint_url endpoint, client_options options)
 }
 
 void pool::post(outgoing_request&& request, std::function<void(response_summary)>&& done) {
+    if (!done) throw std::invalid_argument("webhook_client::post: empty completion handler");
     auto const now = clock_type::now();
     if (closed_) {
         fail_later(std::move(done), now, "client closed");

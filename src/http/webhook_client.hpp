@@ -40,19 +40,29 @@ struct response_summary {
     std::string error;          // human readable; never contains secrets
     std::string retry_after;    // raw Retry-After header value, if any
     std::string body_excerpt;   // at most max_body_excerpt bytes of the body
-    std::chrono::microseconds elapsed{0};
+    std::chrono::microseconds elapsed{0};  // from post() to done, queueing included
 };
 
 class webhook_client {
 public:
+    // Throws std::invalid_argument for an https endpoint (TLS not implemented
+    // yet) or an endpoint without host/valid port. max_connections 0 means 1.
     webhook_client(boost::asio::io_context& ioc, endpoint_url endpoint, client_options options);
+    // Fails queued requests and aborts those on the wire: every pending
+    // `done` still runs exactly once (error "client closed") on the
+    // io_context, so `done` must not capture the client itself.
     ~webhook_client();
     webhook_client(const webhook_client&) = delete;
     webhook_client& operator=(const webhook_client&) = delete;
 
     // POSTs one request. `done` is called exactly once, on the io_context's
     // thread, never from inside post() itself. When all connections are busy
-    // the request waits in a FIFO queue.
+    // the request waits in a FIFO queue. Extra headers naming Host,
+    // Content-Length, Transfer-Encoding, Connection (or other hop-by-hop
+    // headers) are ignored; Content-Type and User-Agent replace the defaults;
+    // a header with an invalid name or a control character in its value
+    // fails the request without sending it. Must be called on the
+    // io_context's thread (the client is single-threaded).
     void post(outgoing_request request, std::function<void(response_summary)> done);
 
     // Requests currently being sent or waiting for a connection.
