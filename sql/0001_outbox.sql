@@ -14,15 +14,25 @@ CREATE SCHEMA IF NOT EXISTS :"schema";
 -- does not fill up with delivered rows.
 CREATE TABLE :"schema".events (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- Topic and ordering key travel in HTTP headers: no control characters.
     topic           text        NOT NULL
-                                CHECK (topic <> '' AND octet_length(topic) <= 255),
+                                CHECK (topic <> '' AND octet_length(topic) <= 255
+                                       AND topic !~ '[\x01-\x1f\x7f]'),
     -- Events that share an ordering key are delivered one at a time, in id order.
-    ordering_key    text        CHECK (octet_length(ordering_key) <= 255),
+    ordering_key    text        CHECK (octet_length(ordering_key) <= 255
+                                       AND ordering_key !~ '[\x01-\x1f\x7f]'),
     payload         jsonb       NOT NULL,
-    -- Extra HTTP headers for this event: an object of string values.
+    -- Extra HTTP headers for this event: an object of string values, whose
+    -- names are HTTP tokens and whose values hold no control characters
+    -- (CR/LF would let an event inject headers). Checked here, at write
+    -- time, so every producer gets the error, not a dead letter later.
     headers         jsonb       NOT NULL DEFAULT '{}'
                                 CHECK (jsonb_typeof(headers) = 'object'
-                                       AND NOT jsonb_path_exists(headers, '$.* ? (@.type() != "string")')),
+                                       AND NOT jsonb_path_exists(headers, '$.* ? (@.type() != "string")')
+                                       AND NOT jsonb_path_exists(headers,
+                                           '$.keyvalue() ? (!(@.key like_regex "^[-!#$%&''*+.^_`|~0-9A-Za-z]+$"))')
+                                       AND NOT jsonb_path_exists(headers,
+                                           '$.* ? (@ like_regex "[\\x01-\\x08\\x0a-\\x1f\\x7f]")')),
     idempotency_key text        CHECK (octet_length(idempotency_key) <= 255),
     created_at      timestamptz NOT NULL DEFAULT now(),
     -- When the event may next be claimed. While a relay holds the event

@@ -108,7 +108,7 @@ TEST_CASE("enqueue: concurrent producers with one idempotency key make one event
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "1");
 }
 
-TEST_CASE("enqueue: the table refuses headers that are not an object of strings") {
+TEST_CASE("enqueue: the table refuses headers that are not an object of HTTP-safe strings") {
     installed db;
     auto s = db.store("a");
     auto e = ev("t");
@@ -116,7 +116,13 @@ TEST_CASE("enqueue: the table refuses headers that are not an object of strings"
     CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
     e.headers = R"(["x"])";
     CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
-    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    e.headers = R"({"bad name": "v"})";
+    CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
+    e.headers = R"({"x-ok": "a\r\nInjected: 1"})";
+    CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
+    e.headers = R"({"x-ok": "fine\tvalue", "X-Tenant_1": "acme"})";
+    CHECK(s.enqueue(e) > 0);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "1");
 }
 
 TEST_CASE("claim stamps a lease; another relay gets nothing while it holds") {
