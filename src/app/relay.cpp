@@ -201,9 +201,11 @@ private:
     void on_claimed(std::vector<event> claimed, std::size_t asked) {
         claim_backoff_.reset();
         if (!claimed.empty()) log::debug("claimed", {{"count", fmt::format("{}", claimed.size())}});
-        const auto got = claimed.size();
+        // Count the batch as in flight before delivering any of it: an event
+        // that cannot be sent finishes inside deliver().
+        const auto next = dispatch_.on_claimed(claimed.size(), asked);
         for (auto& e : claimed) deliver(std::move(e));
-        start_claim(dispatch_.on_claimed(got, asked));
+        start_claim(next);
         maybe_finish();
     }
 

@@ -1,0 +1,54 @@
+"""Small helpers shared by the end-to-end tests (no fixtures here; see conftest.py)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Callable, Iterable
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05):
+    """Poll ``predicate`` every ``interval`` s until it returns a truthy value or
+    ``timeout`` s passed. Returns the last value (falsy on timeout).
+
+    For conditions outside the receiver (database rows, process state). The
+    receiver has its own Condition-based ``wait_for``/``wait_until``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return value
+        time.sleep(min(interval, remaining))
+
+
+def closed_port() -> int:
+    """A loopback TCP port nobody listens on right now (connections are refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ok_ids(rx) -> list:
+    """Event ids the receiver answered with a 2xx, in arrival order (repeats kept)."""
+    return rx.delivered_ids()
+
+
+def wait_delivered(rx, ids: Iterable[int], timeout: float) -> bool:
+    """Wait until every id in ``ids`` has at least one 2xx-answered request."""
+    want = set(ids)
+    return rx.wait_until(
+        lambda reqs: want <= {r.event_id for r in reqs if 200 <= r.status < 300},
+        timeout,
+    )
+
+
+def duplicates(ids: Iterable[int]) -> dict:
+    """{id: count} for ids that occur more than once."""
+    counts: dict = {}
+    for i in ids:
+        counts[i] = counts.get(i, 0) + 1
+    return {i: c for i, c in counts.items() if c > 1}

@@ -1,0 +1,188 @@
+"""Delivery: committed events arrive (once), uncommitted ones never do, and the
+paths that do not depend on NOTIFY (drain at startup, the sweep) work."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from helpers import duplicates, wait_delivered
+
+
+def warm_up(db, rx, timeout: float = 10.0) -> int:
+    """Enqueue a probe and wait until it is delivered: afterwards the relay has
+    connected, listens and processes work. Returns the probe's id."""
+    probe = db.enqueue("e2e.probe", {"probe": True})
+    assert wait_delivered(rx, [probe], timeout), "relay never delivered the warm-up probe"
+    return probe
+
+
+def test_committed_event_is_delivered_exactly_once_with_headers(db, receiver, relay):
+    # The sweep is an hour away: delivery must come from the startup drain or NOTIFY.
+    relay(receiver, "--sweep-interval", "1h")
+    payload = {"order": 7, "text": "grüße \u2603", "nested": {"a": [1, 2, None]}, "ok": True}
+    t_before = time.time()
+    event_id = db.enqueue("orders.created", payload, key="order-7")
+
+    assert receiver.wait_for(1, timeout=10), "event was not delivered within 10s"
+    req = receiver.requests[0]
+    assert req.event_id == event_id, req.headers
+    assert req.status == 200
+    assert req.method == "POST" and req.path == "/hook"
+    assert json.loads(req.body) == payload, req.body
+    assert req.headers.get("webhook-id") == str(event_id)
+    assert req.headers.get("outbox-topic") == "orders.created"
+    assert req.headers.get("outbox-ordering-key") == "order-7"
+    assert req.headers.get("outbox-attempt") == "1"
+    ts = int(req.headers["webhook-timestamp"])  # Standard Webhooks: seconds since the epoch
+    assert t_before - 60 <= ts <= time.time() + 60, ts
+
+    # The delivered row leaves the hot table (and is not dead-lettered).
+    assert db.wait_empty(timeout=5), f"delivered row still in events: {db.events()}"
+    assert db.count_dead_letters() == 0
+
+    # Barrier: a later event (without key) goes through as well, so anything
+    # the relay was going to do with the first one has happened by now.
+    later = db.enqueue("orders.updated", {"order": 8})
+    assert wait_delivered(receiver, [later], timeout=10)
+    later_req = [r for r in receiver.requests if r.event_id == later][0]
+    assert "outbox-ordering-key" not in later_req.headers, later_req.headers
+    assert db.wait_empty(timeout=5)
+
+    ids = receiver.ids()
+    assert ids.count(event_id) == 1, f"event {event_id} delivered {ids.count(event_id)} times"
+    assert ids.count(later) == 1
+    assert len(ids) == 2, ids
+
+
+def test_notification_wakes_the_relay_without_waiting_for_the_sweep(db, receiver, relay):
+    relay(receiver, "--sweep-interval", "1h")
+    warm_up(db, receiver)
+    latencies = []
+    for i in range(5):
+        t0 = time.monotonic()
+        event_id = db.enqueue("wake.test", {"i": i})
+        assert wait_delivered(receiver, [event_id], timeout=5), \
+            f"event {i} not delivered within 5s although NOTIFY should wake the relay"
+        latencies.append(next(r.t_monotonic for r in receiver.snapshot() if r.event_id == event_id) - t0)
+    # Generous bound (a debug build on a loaded machine); a relay that only
+    # polls every second or so would still fail it on average.
+    assert sorted(latencies)[len(latencies) // 2] < 0.5, latencies
+
+
+def test_event_committed_before_the_relay_started_is_delivered_at_startup(db, receiver, relay):
+    early = [db.enqueue("early", {"i": i}) for i in range(3)]
+    # No notification will ever arrive for these and the sweep is an hour
+    # away: only the drain after connect can deliver them.
+    relay(receiver, "--sweep-interval", "1h")
+    assert wait_delivered(receiver, early, timeout=10), receiver.ids()
+    assert db.wait_empty(timeout=5), db.events()
+    assert not duplicates(receiver.ids())
+
+
+def test_rolled_back_event_is_never_delivered(db, receiver, relay):
+    relay(receiver, "--sweep-interval", "1s")
+    warm_up(db, receiver)
+
+    # 1. a whole transaction rolled back
+    rolled_back = db.enqueue("rb", {"marker": "rolled-back-1"}, commit=False)
+    db.conn.rollback()
+    # 2. a rolled-back savepoint inside a committed transaction
+    with db.conn.cursor() as cur:
+        cur.execute("SAVEPOINT sp")
+    in_savepoint = db.enqueue("rb", {"marker": "rolled-back-2"}, commit=False)
+    with db.conn.cursor() as cur:
+        cur.execute("ROLLBACK TO SAVEPOINT sp")
+    kept = db.enqueue("rb", {"marker": "kept"}, commit=True)
+    # 3. a transaction still open (uncommitted) while later work is processed
+    other = db.connect()
+    pending = db.enqueue("rb", {"marker": "uncommitted"}, conn=other, commit=False)
+
+    # Later committed work: once the relay has demonstrably processed it,
+    # nothing from the rolled-back or pending work may have been sent.
+    later = db.enqueue("rb", {"marker": "later"})
+    assert wait_delivered(receiver, [kept, later], timeout=10), receiver.ids()
+    assert db.wait_empty(timeout=5), db.events()
+    barrier = db.enqueue("rb", {"marker": "barrier"})
+    assert wait_delivered(receiver, [barrier], timeout=10)
+
+    markers = [json.loads(r.body).get("marker") for r in receiver.snapshot()]
+    ids = receiver.ids()
+    assert rolled_back not in ids and "rolled-back-1" not in markers, markers
+    assert in_savepoint not in ids and "rolled-back-2" not in markers, markers
+    assert pending not in ids and "uncommitted" not in markers, markers
+    assert ids.count(kept) == 1 and ids.count(later) == 1
+    other.rollback()
+    assert db.wait_empty(timeout=5), db.events()
+
+
+def test_event_without_notification_is_delivered_by_the_sweep(db, receiver, relay):
+    relay(receiver, "--sweep-interval", "1s")
+    warm_up(db, receiver)
+    # ...and is asleep again: the claim that follows the probe's completion
+    # must not be what picks up the silent event.
+    assert db.wait_relay_quiet(), "relay never went idle"
+
+    # Insert in a session where ordinary triggers (events_notify) do not fire,
+    # so no NOTIFY is ever sent for this row.
+    conn = db.connect()
+    with conn.cursor() as cur:
+        cur.execute("SET session_replication_role = replica")
+    t0 = time.monotonic()
+    silent = db.enqueue("silent", {"how": "no notify"}, conn=conn)
+    assert wait_delivered(receiver, [silent], timeout=6), \
+        "an event without a notification was not delivered by the 1s sweep"
+    latency = next(r.t_monotonic for r in receiver.snapshot() if r.event_id == silent) - t0
+    assert db.wait_empty(timeout=5), db.events()
+    assert receiver.ids().count(silent) == 1
+    print(f"sweep delivered the silent event after {latency:.2f}s")
+
+
+def test_event_inserted_with_the_trigger_disabled_is_delivered_by_the_sweep(db, receiver, relay):
+    relay(receiver, "--sweep-interval", "1s")
+    warm_up(db, receiver)
+    db.query("ALTER TABLE {s}.events DISABLE TRIGGER events_notify")
+    assert db.wait_relay_quiet(), "relay never went idle"
+    silent = [db.enqueue("silent", {"i": i}) for i in range(3)]
+    assert wait_delivered(receiver, silent, timeout=6), receiver.ids()
+    assert db.wait_empty(timeout=5), db.events()
+    assert not duplicates(receiver.ids())
+
+
+def test_idempotency_key_makes_a_repeated_enqueue_a_no_op(db, outboxd, receiver, relay):
+    first = db.enqueue("orders.created", {"n": 1}, idempotency_key="req-42")
+    again = db.enqueue("orders.created", {"n": 1, "retried": True}, idempotency_key="req-42")
+    assert again == first
+    other_topic = db.enqueue("orders.updated", {"n": 1}, idempotency_key="req-42")
+    assert other_topic != first  # keys are per topic
+    r = outboxd("--database-url", db.url, "--schema", db.schema, "enqueue",
+                "--topic", "orders.created", "--payload", '{"n": 2}', "--idempotency-key", "req-42")
+    assert r.rc == 0, r
+    assert int(r.stdout.strip().splitlines()[-1]) == first
+    assert db.count_events() == 2
+
+    relay(receiver, "--sweep-interval", "1h")
+    assert wait_delivered(receiver, [first, other_topic], timeout=10)
+    assert db.wait_empty(timeout=5)
+    # still deduplicated after the first event was delivered and left the table
+    assert db.enqueue("orders.created", {"n": 3}, idempotency_key="req-42") == first
+    barrier = db.enqueue("barrier", {})
+    assert wait_delivered(receiver, [barrier], timeout=10)
+    assert receiver.ids().count(first) == 1
+    assert json.loads([r for r in receiver.snapshot() if r.event_id == first][0].body) == {"n": 1}
+
+
+def test_delayed_event_is_delivered_when_due_and_not_before(db, outboxd, receiver, relay):
+    relay(receiver, "--sweep-interval", "1h")
+    warm_up(db, receiver)
+    t0 = time.monotonic()
+    r = outboxd("--database-url", db.url, "--schema", db.schema, "enqueue",
+                "--topic", "later", "--payload", '{"delayed": true}', "--delay", "1500ms")
+    assert r.rc == 0, r
+    event_id = int(r.stdout.strip().splitlines()[-1])
+    # The relay's timer for the next due row fires it (the sweep is an hour away).
+    assert wait_delivered(receiver, [event_id], timeout=6), "delayed event never delivered"
+    arrived = next(q.t_monotonic for q in receiver.snapshot() if q.event_id == event_id) - t0
+    assert arrived >= 1.4, f"delivered {arrived:.2f}s after enqueue, before its 1.5s delay"
+    assert arrived < 3.5, f"delivered {arrived:.2f}s after enqueue; the due timer is late"
+    assert db.wait_empty(timeout=5)

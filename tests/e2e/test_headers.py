@@ -1,0 +1,114 @@
+"""Per-event headers (the row's headers jsonb): sent along, but they can neither
+override the protocol headers nor inject new ones, and an event whose headers
+cannot be sent is dead-lettered without harming the relay."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psycopg2
+import psycopg2.errors
+import pytest
+from psycopg2 import sql
+
+from helpers import wait_delivered, wait_until
+from receiver import Receiver
+
+
+def test_event_headers_are_sent_but_cannot_override_protocol_headers(db, receiver, relay):
+    spoof = {
+        "x-tenant": "acme",
+        "webhook-id": "999999",
+        "webhook-timestamp": "1",
+        "outbox-topic": "spoofed",
+        "outbox-attempt": "42",
+        "content-length": "0",
+        "transfer-encoding": "chunked",
+        "host": "evil.example",
+        "connection": "close",
+    }
+    payload = {"with": "spoofed headers"}
+    event_id = db.enqueue("real.topic", payload, headers=spoof)
+    good = db.enqueue("real.topic", {"after": True})
+    relay(receiver, "--sweep-interval", "1h")
+    assert wait_until(lambda: db.count_events() == 0, 10), db.events()
+
+    sent = [r for r in receiver.snapshot() if r.event_id == event_id]
+    if not sent:
+        # refusing such an event is acceptable, silently losing it is not
+        dead = [d for d in db.dead_letters() if d["id"] == event_id]
+        assert dead and dead[0]["last_error"], f"event neither delivered nor dead-lettered: {dead}"
+        return
+    req = sent[0]
+    names = [n for n, _ in req.header_list]
+    for n in ("webhook-id", "webhook-timestamp", "outbox-topic", "outbox-attempt", "host",
+              "content-length"):
+        assert names.count(n) == 1, f"{n} sent {names.count(n)} times: {req.header_list}"
+    assert req.headers["webhook-id"] == str(event_id)
+    assert req.headers["outbox-topic"] == "real.topic"
+    assert req.headers["outbox-attempt"] == "1"
+    assert int(req.headers["webhook-timestamp"]) > 1_000_000_000
+    assert req.headers["host"] == f"127.0.0.1:{receiver.port}"
+    assert "transfer-encoding" not in req.headers
+    assert req.body == req.body and len(req.body) == int(req.headers["content-length"]) > 0
+    assert req.json() == payload
+    assert req.headers.get("x-tenant") == "acme", req.header_list
+    # framing intact: the next event on the (keep-alive) connection arrived whole
+    assert wait_delivered(receiver, [good], timeout=5)
+    assert [r.json() for r in receiver.snapshot() if r.event_id == good] == [{"after": True}]
+
+
+UNSENDABLE = [{"x-evil": "a\r\nInjected: yes"}, {"bad name": "v"}, {"x-nl": "a\nInjected: yes"},
+              {"": "empty name"}, {"x-nul": "a\u0001b"}]
+
+
+@pytest.mark.parametrize("headers", UNSENDABLE, ids=["crlf", "space-in-name", "lf", "empty-name", "ctl"])
+def test_enqueue_refuses_headers_that_cannot_be_sent(db, headers):
+    with pytest.raises(psycopg2.errors.CheckViolation):
+        db.enqueue("bad", {}, headers=headers)
+    assert db.count_events() == 0
+
+
+def test_relay_dead_letters_unsendable_rows_without_stalling(db, relay):
+    """Defence in depth: rows that got past the CHECK constraint (a schema
+    installed by hand from older SQL, a constraint dropped by an operator) must
+    still never be sent (no header injection); the relay dead-letters them and
+    carries on with full capacity. --concurrency 1 makes a leaked in-flight
+    slot stall the relay outright."""
+    for row in db.query("""SELECT conname FROM pg_constraint
+                            WHERE conrelid = %s::regclass AND contype = 'c'
+                              AND pg_get_constraintdef(oid) LIKE '%%headers%%'""",
+                        (f'"{db.schema}".events',)):
+        db.query(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+            db.t("events"), sql.Identifier(row["conname"])))
+
+    with Receiver() as rx:
+        r = relay(rx, "--sweep-interval", "1h", "--concurrency", "1",
+                  "--shutdown-timeout", "8s")
+        warm = db.enqueue("warm", {})
+        assert wait_delivered(rx, [warm], timeout=10)
+
+        # One at a time, each while nothing else is in flight.
+        bad = []
+        for i, headers in enumerate(UNSENDABLE):
+            bad.append(db.enqueue("bad", {"i": i}, headers=headers))
+            assert wait_until(lambda: db.count_dead_letters() == len(bad), 5), \
+                f"unsendable event {bad[-1]} ({headers!r}) not dead-lettered: rows {db.events()}"
+        good = [db.enqueue("good", {"i": i}) for i in range(4)]
+
+        assert wait_delivered(rx, good, timeout=10), \
+            (f"relay stalled after unsendable events (concurrency 1): delivered {rx.delivered_ids()}, "
+             f"rows {db.events()}")
+        assert all("injected" not in q.headers for q in rx.snapshot()), \
+            [q.header_list for q in rx.snapshot() if "injected" in q.headers]
+        assert not [q for q in rx.snapshot() if q.event_id in bad], "unsendable event was sent"
+        assert all(d["last_error"] for d in db.dead_letters())
+        assert db.wait_empty(timeout=5), db.events()
+
+        # Nothing is in flight now: shutdown must not wait for phantom deliveries.
+        t0 = time.monotonic()
+        rc = r.stop(signal.SIGTERM, timeout=15)
+        took = time.monotonic() - t0
+        assert rc == 0, r.log()
+        assert took < 3, f"idle relay took {took:.1f}s to stop (waited for phantom in-flight work?)"
