@@ -37,6 +37,7 @@
 #include <charconv>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
@@ -400,7 +401,11 @@ private:
 
     void new_parser() {
         parser_.emplace();
-        parser_->body_limit(boost::none);  // excerpt_body enforces max_response_body
+        // excerpt_body enforces max_response_body. Not boost::none: Beast 1.74
+        // compares `len > body_limit_` against the empty optional, which is
+        // always true, and fails every response whose body arrives in a later
+        // segment than its header.
+        parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
         parser_->header_limit(max_response_header);
         auto& body = parser_->get().body();
         body.keep = config_.options.max_body_excerpt;

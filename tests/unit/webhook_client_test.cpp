@@ -49,6 +49,8 @@ struct reply {
         close,              // close the connection without answering
         hold,               // answer only when the test calls release_held()
         raw,                // write `raw` bytes, then close
+        raw_keep,           // write `raw` bytes, keep the connection open
+        raw_split_keep,     // write `raw` up to its blank line, pause, write the rest; keep open
     };
     kind what = kind::respond;
     test_response response;
@@ -102,7 +104,7 @@ public:
 private:
     struct session : std::enable_shared_from_this<session> {
         session(test_server& server, tcp::socket socket, int id)
-            : server_(server), stream_(std::move(socket)), id_(id) {}
+            : server_(server), stream_(std::move(socket)), pause_(stream_.get_executor()), id_(id) {}
 
         void read() {
             request_ = {};
@@ -135,6 +137,34 @@ private:
                     net::async_write(stream_, net::buffer(reply_.raw),
                                      [self = shared_from_this()](beast::error_code, std::size_t) { self->shut(); });
                     return;
+                case reply::kind::raw_split_keep:
+                    // The header now, the body in a later TCP segment: what
+                    // servers that write headers and body separately do.
+                    split_ = reply_.raw.find("\r\n\r\n") + 4;
+                    net::async_write(stream_, net::buffer(reply_.raw.data(), split_),
+                                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                                         if (ec) return self->shut();
+                                         self->pause_.expires_after(20ms);
+                                         self->pause_.async_wait([self](beast::error_code) {
+                                             auto const tail = net::buffer(self->reply_.raw) + self->split_;
+                                             net::async_write(self->stream_, tail,
+                                                              [self](beast::error_code ec2, std::size_t) {
+                                                                  if (ec2) return self->shut();
+                                                                  self->read();
+                                                              });
+                                         });
+                                     });
+                    return;
+                case reply::kind::raw_keep:
+                    net::async_write(stream_, net::buffer(reply_.raw),
+                                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                                         if (ec) {
+                                             self->shut();
+                                         } else {
+                                             self->read();
+                                         }
+                                     });
+                    return;
                 default:
                     http::async_write(stream_, reply_.response,
                                       [self = shared_from_this()](beast::error_code ec, std::size_t) {
@@ -161,6 +191,8 @@ private:
 
         test_server& server_;
         beast::tcp_stream stream_;
+        net::steady_timer pause_;
+        std::size_t split_ = 0;
         beast::flat_buffer buffer_;
         test_request request_;
         reply reply_;
@@ -313,6 +345,24 @@ TEST_CASE("webhook_client: host names are resolved (localhost)") {
     CHECK(server.seen[0][http::field::host] == url.substr(7, url.find('/', 7) - 7));
 }
 
+TEST_CASE("webhook_client: bare canned responses (Content-Length: 0, 204) keep the connection") {
+    net::io_context ioc;
+    test_server server(ioc);
+    int n = 0;
+    server.behaviour = [&](const test_request&, int, int) {
+        return reply{reply::kind::raw_keep, {},
+                     n++ % 2 == 0 ? "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n" : "HTTP/1.1 204 No Content\r\n\r\n"};
+    };
+    webhook_client client(ioc, parse_endpoint_url(server.url()), fast_options());
+    for (int i = 0; i < 4; ++i) {
+        response_summary const r = post_and_wait(ioc, client, json("{}"));
+        CAPTURE(r.error);
+        CHECK(r.status == (i % 2 == 0 ? 200U : 204U));
+        CHECK(r.body_excerpt.empty());
+    }
+    CHECK(server.accepts == 1);
+}
+
 TEST_CASE("webhook_client: an interim 1xx response is skipped") {
     net::io_context ioc;
     test_server server(ioc);
@@ -445,6 +495,27 @@ TEST_CASE("webhook_client: sequential requests reuse one keep-alive connection")
     }
     CHECK(server.accepts == 1);
     CHECK(server.seen.size() == 5);
+}
+
+TEST_CASE("webhook_client: a body arriving in a later segment than its header is read, and the connection kept") {
+    // Regression: Beast 1.74 with body_limit(boost::none) failed exactly this
+    // case with "body limit exceeded" and dropped the connection.
+    net::io_context ioc;
+    test_server server(ioc);
+    server.behaviour = [](const test_request&, int, int) {
+        reply r;
+        r.what = reply::kind::raw_split_keep;
+        r.raw = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        return r;
+    };
+    webhook_client client(ioc, parse_endpoint_url(server.url()), fast_options());
+    for (int i = 0; i < 3; ++i) {
+        auto const r = post_and_wait(ioc, client, json("{}"));
+        CHECK_FALSE(r.transport_error);
+        CHECK(r.status == 200);
+        CHECK(r.body_excerpt == "ok");
+    }
+    CHECK(server.accepts == 1);
 }
 
 TEST_CASE("webhook_client: an idle connection outlives request_timeout") {
