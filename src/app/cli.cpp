@@ -17,7 +17,7 @@ struct option_spec {
     bool takes_value = true;
 };
 
-constexpr std::array<option_spec, 26> known_options{{
+constexpr std::array<option_spec, 27> known_options{{
     {"database-url", ""},
     {"schema", ""},
     {"log-level", ""},
@@ -39,6 +39,7 @@ constexpr std::array<option_spec, 26> known_options{{
     {"shutdown-timeout", "run"},
     {"permanent-statuses", "run"},
     {"throttle-statuses", "run"},
+    {"signing-secret", "run", true},
     {"older-than", "dead"},
     {"limit", "dead"},
     {"id", "dead"},
@@ -177,6 +178,8 @@ Global options (also as environment variables):
   --shutdown-timeout DURATION  wait for in-flight deliveries on SIGTERM, default 10s
   --permanent-statuses LIST dead-letter at once on these, default 410
   --throttle-statuses LIST  honour Retry-After on these, default 429,502,503,504
+  --signing-secret whsec_…  sign requests (Standard Webhooks v1); repeat to rotate keys.
+                            Prefer OUTBOXD_SIGNING_SECRETS (space-separated): flags show in `ps`
 
 Exit codes:
   0 ok (also after a graceful shutdown)   1 internal error

@@ -22,6 +22,7 @@
 #include "core/embedded_sql.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
+#include "core/signing.hpp"
 #include "core/sql_ident.hpp"
 #include "pg/conninfo.hpp"
 #include "pg/dead_letters.hpp"
@@ -308,6 +309,15 @@ int cmd_run(const parsed_args& args) {
     }
     if (auto list = args.get("throttle-statuses")) {
         o.retry.throttle_statuses = usage_checked("throttle-statuses", [&] { return parse_status_list(*list); });
+    }
+    // Secrets never appear in messages: signing_secret::parse does not echo them.
+    auto secrets = args.all("signing-secret");
+    if (secrets.empty()) {
+        if (auto from_env = env("OUTBOXD_SIGNING_SECRETS")) secrets.push_back(*from_env);
+    }
+    for (const auto& text : secrets) {
+        auto parsed = usage_checked("signing-secret", [&] { return parse_signing_secrets(text); });
+        std::move(parsed.begin(), parsed.end(), std::back_inserter(o.signing_secrets));
     }
     using std::chrono::milliseconds;
     if (o.sweep_interval < milliseconds(100)) throw fatal_error(exit_usage, "--sweep-interval: at least 100ms");

@@ -67,14 +67,16 @@ struct bury_item {
 // and idempotent.
 struct outcome_batch {
     std::vector<pg::lease_ref> delivered;
-    bool delivered_keyed = false;  // a delivered event had an ordering key
+    // A delivered or dead-lettered event had an ordering key: once recorded,
+    // the next event of that key may be due.
+    bool unblocks_key = false;
     std::vector<reschedule_item> retries;
     std::vector<bury_item> dead;
 
     [[nodiscard]] bool empty() const { return delivered.empty() && retries.empty() && dead.empty(); }
     void append(outcome_batch&& other) {
         delivered.insert(delivered.end(), other.delivered.begin(), other.delivered.end());
-        delivered_keyed = delivered_keyed || other.delivered_keyed;
+        unblocks_key = unblocks_key || other.unblocks_key;
         std::move(other.retries.begin(), other.retries.end(), std::back_inserter(retries));
         std::move(other.dead.begin(), other.dead.end(), std::back_inserter(dead));
     }
@@ -176,24 +178,15 @@ private:
     void start_claim(std::size_t n) {
         if (n == 0) return;
         worker_.submit([this, n, lease = opts_.lease](pg::store& store) {
-            std::vector<event> claimed;
             try {
-                claimed = store.claim(n, lease);
+                auto claimed = store.claim(n, lease);
+                net::post(ioc_, [this, n, claimed = std::move(claimed)]() mutable {
+                    on_claimed(std::move(claimed.events), n);
+                    // Retries and delayed events fire on time, not at the next sweep.
+                    on_next_due(claimed.next_due);
+                });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, why = scrub_secrets(e.what(), opts_.dsn)] { on_claim_failed(why); });
-                return;
-            }
-            const bool drained = claimed.size() < n;
-            net::post(ioc_, [this, n, claimed = std::move(claimed)]() mutable { on_claimed(std::move(claimed), n); });
-            // The due set is empty: find out when the next event will be, so
-            // retries and delayed events fire on time, not at the next sweep.
-            if (drained) {
-                try {
-                    auto due = store.next_due();
-                    net::post(ioc_, [this, due] { on_next_due(due); });
-                } catch (const std::exception& e) {
-                    log::warn("next-due query failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
-                }
             }
         });
     }
@@ -261,9 +254,15 @@ private:
             log::error("event cannot be sent; moving to dead letters",
                        {{"event_id", fmt::format("{}", e.id)}, {"error", *built.error}});
             pending_.dead.push_back({{e.id, e.attempt}, *built.error, std::nullopt, {}});
+            pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
             flush_outcomes();
             start_claim(dispatch_.on_delivery_finished());
             return;
+        }
+        if (!opts_.signing_secrets.empty()) {
+            // Signs exactly what is sent: the webhook-id and -timestamp above and the body.
+            built.headers.emplace_back("webhook-signature",
+                                       sign_webhook(opts_.signing_secrets, built.headers.front().second, unix_now, e.payload));
         }
         const pg::lease_ref ref{e.id, e.attempt};
         const bool keyed = e.ordering_key.has_value();
@@ -282,7 +281,7 @@ private:
                 log::debug("delivered", {{"event_id", id}, {"status", fmt::format("{}", r.status)},
                                          {"us", fmt::format("{}", r.elapsed.count())}});
                 pending_.delivered.push_back(ref);
-                pending_.delivered_keyed = pending_.delivered_keyed || keyed;
+                pending_.unblocks_key = pending_.unblocks_key || keyed;
                 break;
             case delivery_outcome::kind::retry:
                 log::warn("delivery failed; will retry",
@@ -293,6 +292,7 @@ private:
             case delivery_outcome::kind::dead:
                 log::error("delivery failed for good; moving to dead letters",
                            {{"event_id", id}, {"attempt", fmt::format("{}", ref.attempt)}, {"error", outcome.error}});
+                pending_.unblocks_key = pending_.unblocks_key || keyed;
                 pending_.dead.push_back({ref, outcome.error,
                                          r.transport_error ? std::nullopt : std::optional<int>(static_cast<int>(r.status)),
                                          r.body_excerpt});
@@ -334,8 +334,8 @@ private:
                                                   [](const auto& a, const auto& b) { return a.delay < b.delay; });
             arm_due(soonest->delay, false);
         }
-        // A delivered keyed event left the table: the next event of its key may be due.
-        start_claim(dispatch_.on_outcomes_recorded(batch.delivered_keyed));
+        // A keyed event left the table: the next event of its key may be due.
+        start_claim(dispatch_.on_outcomes_recorded(batch.unblocks_key));
         flush_outcomes();
         maybe_finish();
     }

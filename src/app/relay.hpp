@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "core/retry_policy.hpp"
+#include "core/signing.hpp"
 #include "core/url.hpp"
 
 namespace outboxd::app {
@@ -22,6 +24,7 @@ struct relay_options {
     std::chrono::milliseconds request_timeout{10'000};
     std::chrono::milliseconds shutdown_timeout{10'000};      // graceful: wait this long for in-flight work
     retry_policy retry;
+    std::vector<signing_secret> signing_secrets;             // empty: requests are not signed
     std::string lease_owner;                                 // unique per process
 };
 

@@ -9,7 +9,7 @@
 
 namespace outboxd {
 
-// Headers outboxd always sends:
+// Headers outboxd always sends (webhook-id first; signing relies on it):
 //   webhook-id          the event id (stable across retries: consumers de-duplicate on it)
 //   webhook-timestamp   unix seconds when this attempt was sent
 //   outbox-topic, outbox-attempt, outbox-ordering-key (when the event has one)

@@ -53,21 +53,27 @@ WITH due AS (
     ORDER BY e.available_at, e.id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE :"schema".events e
+    SET attempts = e.attempts + 1,
+        lease_owner = $2,
+        available_at = now() + $3 * interval '1 millisecond'
+    FROM due
+    WHERE e.id = due.id
+    RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts
 )
-UPDATE :"schema".events e
-SET attempts = e.attempts + 1,
-    lease_owner = $2,
-    available_at = now() + $3 * interval '1 millisecond'
-FROM due
-WHERE e.id = due.id
-RETURNING e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, e.attempts;
-
--- name: next_due_in_ms
--- Milliseconds until the earliest event that is not due yet (a retry, a
--- delayed event or a lease expiring), by the database's clock; NULL if none.
-SELECT ceil(extract(epoch FROM (min(available_at) - now())) * 1000)::bigint
-FROM :"schema".events
-WHERE available_at > now();
+SELECT id, topic, ordering_key, payload, headers, attempts, NULL::bigint
+FROM claimed
+UNION ALL
+-- One more row: milliseconds until the earliest event that is not due yet (a
+-- retry, a delayed event, a lease expiring), or NULL. Computed in the same
+-- statement, with the same now() and snapshot as the claim, so no event can
+-- fall due in a gap between "claim what is due" and "when is the next one".
+SELECT NULL, NULL, NULL, NULL, NULL, NULL,
+       (SELECT ceil(extract(epoch FROM (min(available_at) - now())) * 1000)::bigint
+        FROM :"schema".events
+        WHERE available_at > now());
 
 -- name: complete
 -- Delivered: the events leave the hot table. Fenced: only rows that still

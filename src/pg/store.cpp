@@ -47,7 +47,7 @@ store::~store() = default;
 void store::connect() {
     conn_.reset();
     auto c = std::make_unique<pqxx::connection>(dsn_);
-    queries_.prepare(*c, {"claim", "next_due_in_ms", "complete", "reschedule", "bury", "release", "enqueue"});
+    queries_.prepare(*c, {"claim", "complete", "reschedule", "bury", "release", "enqueue"});
     conn_ = std::move(c);
 }
 
@@ -76,14 +76,20 @@ std::optional<int> store::schema_version() {
     return guarded([&](pqxx::connection& c) { return read_schema_version(c, schema_); });
 }
 
-std::vector<event> store::claim(std::size_t limit, std::chrono::milliseconds lease) {
+claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease) {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         const auto r = tx.exec_prepared("claim", static_cast<long long>(limit), owner_,
                                         static_cast<long long>(lease.count()));
-        std::vector<event> out;
-        out.reserve(r.size());
+        claim_result out;
+        out.events.reserve(r.size());
         for (const auto& row : r) {
+            if (row[0].is_null()) {  // the next-due row (always last)
+                if (!row[6].is_null()) {
+                    out.next_due = std::chrono::milliseconds(std::max<long long>(0, row[6].as<long long>()));
+                }
+                continue;
+            }
             event e;
             e.id = row[0].as<std::int64_t>();
             e.topic = row[1].c_str();
@@ -91,18 +97,9 @@ std::vector<event> store::claim(std::size_t limit, std::chrono::milliseconds lea
             e.payload.assign(row[3].c_str(), row[3].size());
             e.headers = parse_headers(row[4].c_str());
             e.attempt = row[5].as<std::int32_t>();
-            out.push_back(std::move(e));
+            out.events.push_back(std::move(e));
         }
         return out;
-    });
-}
-
-std::optional<std::chrono::milliseconds> store::next_due() {
-    return guarded([&](pqxx::connection& c) -> std::optional<std::chrono::milliseconds> {
-        pqxx::nontransaction tx(c);
-        const auto r = tx.exec_prepared1("next_due_in_ms");
-        if (r[0].is_null()) return std::nullopt;
-        return std::chrono::milliseconds(std::max<long long>(0, r[0].as<long long>()));
     });
 }
 

@@ -39,6 +39,13 @@ struct new_event {
     std::chrono::milliseconds delay{0};
 };
 
+struct claim_result {
+    std::vector<event> events;
+    // Time until the earliest event that is not due yet (a retry, a delayed
+    // event, a lease expiring), by the database's clock; nullopt if none.
+    std::optional<std::chrono::milliseconds> next_due;
+};
+
 class store {
 public:
     store(std::string dsn, std::string schema, std::string lease_owner);
@@ -54,10 +61,9 @@ public:
     // The highest applied migration; nullopt when the outbox is not installed.
     [[nodiscard]] std::optional<int> schema_version();
 
-    // Up to `limit` due events, leased to us for `lease`.
-    [[nodiscard]] std::vector<event> claim(std::size_t limit, std::chrono::milliseconds lease);
-    // Time until the earliest event that is not due yet (database clock).
-    [[nodiscard]] std::optional<std::chrono::milliseconds> next_due();
+    // Up to `limit` due events, leased to us for `lease`, and when the next
+    // one falls due (same statement, so nothing falls between the two).
+    [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease);
 
     // Each returns which of the given events were still ours (fencing).
     [[nodiscard]] std::vector<std::int64_t> complete(std::span<const lease_ref> delivered);

@@ -58,7 +58,7 @@ TEST_CASE("enqueue: ids, payload and headers round-trip through a claim") {
     e.payload = R"({"total": 12.5, "items": ["x"]})";
     e.headers = R"({"x-tenant": "acme"})";
     const auto id = s.enqueue(e);
-    const auto claimed = s.claim(10, 30s);
+    const auto claimed = s.claim(10, 30s).events;
     REQUIRE(claimed.size() == 1);
     CHECK(claimed[0].id == id);
     CHECK(claimed[0].topic == "orders.created");
@@ -83,7 +83,7 @@ TEST_CASE("enqueue: a repeated idempotency key returns the first id, even after 
     CHECK(s.enqueue(other_topic) != first);
 
     // Deliver the first; the key still maps to it and makes no new event.
-    const auto claimed = s.claim(10, 30s);
+    const auto claimed = s.claim(10, 30s).events;
     std::vector<pg::lease_ref> done;
     for (const auto& c : claimed) done.push_back({c.id, c.attempt});
     CHECK(s.complete(done).size() == 2);
@@ -130,21 +130,21 @@ TEST_CASE("claim stamps a lease; another relay gets nothing while it holds") {
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
     (void)a.enqueue(ev("t"));
-    const auto got = a.claim(10, 30s);
+    const auto got = a.claim(10, 30s).events;
     REQUIRE(got.size() == 1);
     CHECK(db.query("SELECT lease_owner FROM {s}.events") == "relay-a");
     CHECK(db.query("SELECT attempts FROM {s}.events") == "1");
     CHECK(db.query("SELECT available_at > now() + interval '25 seconds' FROM {s}.events") == "t");
-    CHECK(b.claim(10, 30s).empty());
+    CHECK(b.claim(10, 30s).events.empty());
 }
 
 TEST_CASE("claim never returns more than asked") {
     installed db;
     auto s = db.store("a");
     for (int i = 0; i < 10; ++i) (void)s.enqueue(ev("t"));
-    CHECK(s.claim(3, 30s).size() == 3);
-    CHECK(s.claim(100, 30s).size() == 7);
-    CHECK(s.claim(100, 30s).empty());
+    CHECK(s.claim(3, 30s).events.size() == 3);
+    CHECK(s.claim(100, 30s).events.size() == 7);
+    CHECK(s.claim(100, 30s).events.empty());
 }
 
 TEST_CASE("two claimers racing never get the same event, and together get all") {
@@ -158,7 +158,7 @@ TEST_CASE("two claimers racing never get the same event, and together get all") 
         auto s = db.store(owner);
         std::vector<std::int64_t> mine;
         for (;;) {
-            const auto got = s.claim(25, 60s);
+            const auto got = s.claim(25, 60s).events;
             if (got.empty()) break;
             for (const auto& e : got) mine.push_back(e.id);
         }
@@ -179,13 +179,13 @@ TEST_CASE("an expired lease is claimable again, and the old holder is fenced out
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
     const auto id = a.enqueue(ev("t"));
-    const auto first = a.claim(1, 1ms);
+    const auto first = a.claim(1, 1ms).events;
     REQUIRE(first.size() == 1);
     // Wait until the database's clock has passed the 1 ms lease.
     std::vector<event> second;
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     while (second.empty() && std::chrono::steady_clock::now() < deadline) {
-        second = b.claim(1, 30s);
+        second = b.claim(1, 30s).events;
     }
     REQUIRE(second.size() == 1);
     CHECK(second[0].id == id);
@@ -206,13 +206,13 @@ TEST_CASE("reschedule: not claimable before its time; next_due says when") {
     installed db;
     auto s = db.store("a");
     const auto id = s.enqueue(ev("t"));
-    const auto got = s.claim(1, 30s);
+    const auto got = s.claim(1, 30s).events;
     REQUIRE(got.size() == 1);
     CHECK(s.reschedule({id, 1}, 1h, "HTTP 500: boom"));
     CHECK(db.query("SELECT last_error FROM {s}.events") == "HTTP 500: boom");
     CHECK(db.query("SELECT lease_owner IS NULL FROM {s}.events") == "t");
-    CHECK(s.claim(10, 30s).empty());
-    const auto due = s.next_due();
+    CHECK(s.claim(10, 30s).events.empty());
+    const auto due = s.claim(0, 30s).next_due;
     REQUIRE(due.has_value());
     CHECK(*due > 3590s);
     CHECK(*due <= 3600s);
@@ -222,7 +222,7 @@ TEST_CASE("reschedule stores an error text that is not valid UTF-8") {
     installed db;
     auto s = db.store("a");
     const auto id = s.enqueue(ev("t"));
-    REQUIRE(s.claim(1, 30s).size() == 1);
+    REQUIRE(s.claim(1, 30s).events.size() == 1);
     CHECK(s.reschedule({id, 1}, 1ms, std::string("bad \xff\xfe bytes \0 here", 20)));
     CHECK(db.query("SELECT last_error LIKE 'bad %' FROM {s}.events") == "t");
 }
@@ -233,7 +233,7 @@ TEST_CASE("bury moves the event to dead letters with what went wrong") {
     auto e = ev("orders", "k1");
     e.idempotency_key = "idem";
     const auto id = s.enqueue(e);
-    REQUIRE(s.claim(1, 30s).size() == 1);
+    REQUIRE(s.claim(1, 30s).events.size() == 1);
     CHECK(s.bury({id, 1}, "permanent failure: HTTP 410", 410, "gone for good"));
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
     CHECK(db.query("SELECT id || '|' || topic || '|' || ordering_key || '|' || attempts || '|' || last_status || '|' || "
@@ -246,9 +246,9 @@ TEST_CASE("release hands back what we hold, due now") {
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
     for (int i = 0; i < 3; ++i) (void)a.enqueue(ev("t"));
-    REQUIRE(a.claim(2, 1h).size() == 2);
+    REQUIRE(a.claim(2, 1h).events.size() == 2);
     CHECK(a.release() == 2);
-    CHECK(b.claim(10, 30s).size() == 3);
+    CHECK(b.claim(10, 30s).events.size() == 3);
 }
 
 TEST_CASE("per-key order: only the oldest event of a key is claimable") {
@@ -260,19 +260,19 @@ TEST_CASE("per-key order: only the oldest event of a key is claimable") {
     const auto j1 = s.enqueue(ev("t", "j"));
     const auto free2 = s.enqueue(ev("t"));
 
-    const auto first = s.claim(10, 30s);
+    const auto first = s.claim(10, 30s).events;
     CHECK(ids_of(first) == std::vector<std::int64_t>{k1, free1, j1, free2});
     // k2 stays blocked while k1 is in flight ...
-    CHECK(s.claim(10, 30s).empty());
+    CHECK(s.claim(10, 30s).events.empty());
     // ... and while k1 waits for a retry.
     CHECK(s.reschedule({k1, 1}, 1ms, "retry"));
     std::vector<event> next;
     const auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (next.empty() && std::chrono::steady_clock::now() < deadline) next = s.claim(10, 30s);
+    while (next.empty() && std::chrono::steady_clock::now() < deadline) next = s.claim(10, 30s).events;
     CHECK(ids_of(next) == std::vector<std::int64_t>{k1});
     // Once k1 is delivered, k2 is next.
     CHECK(s.complete(std::vector{pg::lease_ref{k1, 2}}).size() == 1);
-    CHECK(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k2});
+    CHECK(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k2});
 }
 
 TEST_CASE("a dead-lettered event no longer blocks its key") {
@@ -280,9 +280,9 @@ TEST_CASE("a dead-lettered event no longer blocks its key") {
     auto s = db.store("a");
     const auto k1 = s.enqueue(ev("t", "k"));
     const auto k2 = s.enqueue(ev("t", "k"));
-    REQUIRE(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k1});
+    REQUIRE(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k1});
     CHECK(s.bury({k1, 1}, "poison", 400, ""));
-    CHECK(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k2});
+    CHECK(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k2});
 }
 
 TEST_CASE("delayed events wait for their time") {
@@ -291,8 +291,8 @@ TEST_CASE("delayed events wait for their time") {
     auto e = ev("t");
     e.delay = 1h;
     (void)s.enqueue(e);
-    CHECK(s.claim(10, 30s).empty());
-    const auto due = s.next_due();
+    CHECK(s.claim(10, 30s).events.empty());
+    const auto due = s.claim(0, 30s).next_due;
     REQUIRE(due.has_value());
     CHECK(*due > 3590s);
 }
@@ -300,7 +300,7 @@ TEST_CASE("delayed events wait for their time") {
 TEST_CASE("next_due is empty when nothing waits") {
     installed db;
     auto s = db.store("a");
-    CHECK_FALSE(s.next_due().has_value());
+    CHECK_FALSE(s.claim(0, 30s).next_due.has_value());
 }
 
 TEST_CASE("a lost connection is reported and the next call reconnects") {
@@ -312,13 +312,13 @@ TEST_CASE("a lost connection is reported and the next call reconnects") {
                             "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'");
     bool threw = false;
     try {
-        (void)s.claim(10, 30s);
+        (void)s.claim(10, 30s).events;
     } catch (const pqxx::broken_connection&) {
         threw = true;
     }
     CHECK(threw);
     CHECK_FALSE(s.connected());
-    CHECK(s.claim(10, 30s).size() == 1);
+    CHECK(s.claim(10, 30s).events.size() == 1);
 }
 
 TEST_CASE("a replayed dead letter waits while a later event of its key is in flight") {
@@ -326,9 +326,9 @@ TEST_CASE("a replayed dead letter waits while a later event of its key is in fli
     auto s = db.store("a");
     const auto k1 = s.enqueue(ev("t", "k"));
     const auto k2 = s.enqueue(ev("t", "k"));
-    REQUIRE(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k1});
+    REQUIRE(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k1});
     CHECK(s.bury({k1, 1}, "poison", 400, ""));
-    REQUIRE(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k2});
+    REQUIRE(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k2});
     // k1 comes back while k2 is out: it must not go out alongside k2.
     {
         pqxx::work tx(*db.admin);
@@ -338,7 +338,20 @@ TEST_CASE("a replayed dead letter waits while a later event of its key is in fli
                             db.schema.q()));
         tx.commit();
     }
-    CHECK(s.claim(10, 30s).empty());
+    CHECK(s.claim(10, 30s).events.empty());
     CHECK(s.complete(std::vector{pg::lease_ref{k2, 1}}).size() == 1);
-    CHECK(ids_of(s.claim(10, 30s)) == std::vector<std::int64_t>{k1});
+    CHECK(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k1});
+}
+
+TEST_CASE("another relay's claim reports when a lease expires, so a crashed relay's events are retaken on time") {
+    installed db;
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    (void)a.enqueue(ev("t"));
+    REQUIRE(a.claim(10, 5s).events.size() == 1);
+    const auto r = b.claim(10, 30s);
+    CHECK(r.events.empty());
+    REQUIRE(r.next_due.has_value());
+    CHECK(*r.next_due > 4s);
+    CHECK(*r.next_due <= 5s);
 }
