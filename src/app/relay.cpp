@@ -96,7 +96,7 @@ class relay {
 public:
     explicit relay(const relay_options& o)
         : opts_(o),
-          store_(o.dsn, o.schema, o.lease_owner),
+          store_(o.dsn, o.schema, o.lease_owner, /*relay_session=*/true),
           worker_(store_),
           listener_(ioc_, worker_.executor(), o.dsn, notify_channel(o.schema),
                     {[this] { wake(); }, [this] { wake(); }, [](const std::string&) {}}),

@@ -39,14 +39,22 @@ const char* nullable(const std::optional<std::string>& s) { return s ? s->c_str(
 
 }  // namespace
 
-store::store(std::string dsn, std::string schema, std::string lease_owner)
-    : dsn_(std::move(dsn)), schema_(std::move(schema)), owner_(std::move(lease_owner)), queries_(schema_) {}
+store::store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session)
+    : dsn_(std::move(dsn)),
+      schema_(std::move(schema)),
+      owner_(std::move(lease_owner)),
+      relay_session_(relay_session),
+      queries_(schema_) {}
 
 store::~store() = default;
 
 void store::connect() {
     conn_.reset();
     auto c = std::make_unique<pqxx::connection>(dsn_);
+    if (relay_session_) {
+        pqxx::nontransaction tx(*c);
+        tx.exec("SET synchronous_commit = off");  // see the constructor's comment
+    }
     queries_.prepare(*c, {"claim", "complete", "reschedule", "bury", "release", "enqueue"});
     conn_ = std::move(c);
 }

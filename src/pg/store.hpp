@@ -48,7 +48,14 @@ struct claim_result {
 
 class store {
 public:
-    store(std::string dsn, std::string schema, std::string lease_owner);
+    // relay_session: the relay's bookkeeping (claims, outcomes, releases)
+    // commits with synchronous_commit = off. Safe for at-least-once: if a
+    // server crash loses the last few hundred milliseconds of such commits,
+    // a claim or a "delivered" mark is undone and the event is delivered
+    // again; no committed event is ever lost, because the producers' own
+    // commits stay durable. It takes a WAL flush (often the largest part of
+    // commit-to-delivery latency) off the delivery path. Never for enqueue.
+    store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session = false);
     ~store();
     store(const store&) = delete;
     store& operator=(const store&) = delete;
@@ -84,6 +91,7 @@ private:
     std::string dsn_;
     std::string schema_;
     std::string owner_;
+    bool relay_session_;
     query_book queries_;
     std::unique_ptr<pqxx::connection> conn_;
 };
