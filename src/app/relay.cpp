@@ -98,6 +98,8 @@ public:
         : opts_(o),
           store_(o.dsn, o.schema, o.lease_owner, /*relay_session=*/true),
           worker_(store_),
+          outcome_store_(o.dsn, o.schema, o.lease_owner, /*relay_session=*/true),
+          outcome_worker_(outcome_store_),
           listener_(ioc_, worker_.executor(), o.dsn, notify_channel(o.schema),
                     {[this] { wake(); }, [this] { wake(); }, [](const std::string&) {}}),
           client_(ioc_, o.url,
@@ -115,6 +117,7 @@ public:
     int run() {
         start();
         ioc_.run();
+        outcome_worker_.stop();
         worker_.stop();
         return exit_code_;
     }
@@ -128,6 +131,7 @@ private:
         try {
             store_.connect();
             check_schema(store_.schema_version());
+            outcome_store_.connect();
             listener_.connect_now();
         } catch (const fatal_error&) {
             throw;
@@ -310,7 +314,7 @@ private:
         flushing_ = true;
         auto batch = std::make_shared<outcome_batch>(std::move(pending_));
         pending_ = {};
-        worker_.submit([this, batch](pg::store& store) {
+        outcome_worker_.submit([this, batch](pg::store& store) {
             try {
                 const auto fenced = write_outcomes(store, *batch);
                 net::post(ioc_, [this, batch, fenced] { on_flushed(*batch, fenced); });
@@ -397,23 +401,37 @@ private:
         client_.close();
         auto batch = std::make_shared<outcome_batch>(std::move(pending_));
         pending_ = {};
-        worker_.submit([this, batch](pg::store& store) {
+        outcome_worker_.submit([this, batch](pg::store& store) {
             try {
                 (void)write_outcomes(store, *batch);
-                const auto released = store.release();
-                log::info("stopped", {{"released", fmt::format("{}", released)}});
             } catch (const std::exception& e) {
-                log::error("could not record the last outcomes or release leases; they expire on their own",
+                log::error("could not record the last outcomes; those events are delivered again after their lease",
                            {{"error", scrub_secrets(e.what(), opts_.dsn)}});
             }
-            net::post(ioc_, [this] { ioc_.stop(); });
+            // Release on the claim connection, after any claim still running
+            // there (a timed-out shutdown may have one): what it took is
+            // released too.
+            worker_.submit([this](pg::store& claim_store) {
+                try {
+                    const auto released = claim_store.release();
+                    log::info("stopped", {{"released", fmt::format("{}", released)}});
+                } catch (const std::exception& e) {
+                    log::error("could not release leases; they expire on their own",
+                               {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+                net::post(ioc_, [this] { ioc_.stop(); });
+            });
         });
     }
 
     relay_options opts_;
     net::io_context ioc_;
+    // Claims and outcome writes run on connections (and threads) of their
+    // own, so a claim never queues behind a batch of acknowledgements.
     pg::store store_;
     store_worker worker_;
+    pg::store outcome_store_;
+    store_worker outcome_worker_;
     pg::listener listener_;
     http::webhook_client client_;
     dispatcher dispatch_;

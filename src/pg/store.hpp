@@ -55,6 +55,7 @@ public:
     // again; no committed event is ever lost, because the producers' own
     // commits stay durable. It takes a WAL flush (often the largest part of
     // commit-to-delivery latency) off the delivery path. Never for enqueue.
+    // A relay session also uses generic plans for its prepared statements.
     store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session = false);
     ~store();
     store(const store&) = delete;
