@@ -1,0 +1,508 @@
+#!/usr/bin/python3
+"""Runs the outboxd benchmark scenarios against a running PostgreSQL (stdlib only).
+
+bench/run.sh is the entry point: it builds, starts a throwaway PostgreSQL
+(fsync and synchronous_commit on), migrates, then calls this script, and
+stops the database on exit. Run by hand against a cluster of your own:
+
+    /usr/bin/python3 bench/orchestrate.py --database-url URL --build-dir build \
+        --raw-dir /tmp/raw [--runs 3] [--scenario paced] [--quick]
+
+Per run of a scenario, for outboxd and then for the baseline relay, side by
+side: make sure nothing is left undelivered, start the relay, let producers
+commit events, wait until every committed event was received and the relay's
+table is drained (bounded by a deadline), read the relay's CPU and peak RSS
+from /proc, stop it (SIGTERM), dump the receiver's records, compute metrics
+(bench/analyze.py). Nothing is ever truncated: an event that does not arrive
+is reported as lost, never cleaned away.
+
+Every wait here is bounded in time; all traffic goes to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import analyze  # noqa: E402
+
+ALL_SCENARIOS = ["paced", "flat", "backlog", "many", "idle"]
+
+# name -> (full, quick) parameters. Durations in seconds.
+PARAMS = {
+    "paced": ({"rate": 200, "count": 3000, "connections": 1}, {"rate": 200, "count": 600, "connections": 1}),
+    "flat": ({"duration": 10, "connections": 4}, {"duration": 3, "connections": 4}),
+    "backlog": ({"count": 100_000}, {"count": 20_000}),
+    "many": ({"duration": 10, "connections": 32}, {"duration": 3, "connections": 32}),
+    "idle": ({"duration": 10}, {"duration": 3}),
+}
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+children: list[subprocess.Popen] = []
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def now_ns() -> int:
+    # time.monotonic_ns() is CLOCK_MONOTONIC on Linux: the clock the C++
+    # programs stamp events with.
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+# ---- processes and /proc -----------------------------------------------------
+
+def spawn(cmd: list[str], **kw) -> subprocess.Popen:
+    p = subprocess.Popen(cmd, **kw)
+    children.append(p)
+    return p
+
+
+def stop(p: subprocess.Popen, timeout: float = 20.0) -> int:
+    """SIGTERM, then SIGKILL after `timeout` seconds; returns the exit code."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log(f"pid {p.pid} ignored SIGTERM for {timeout:.0f} s; killing it")
+            p.kill()
+            p.wait(timeout=10)
+    if p in children:
+        children.remove(p)
+    return p.returncode
+
+
+def kill_children() -> None:
+    for p in list(children):
+        try:
+            stop(p, timeout=10)
+        except Exception:  # noqa: BLE001 - cleanup must go on
+            pass
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a whole process (all threads)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def peak_rss_kb(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+# ---- database and receiver ---------------------------------------------------
+
+class Database:
+    def __init__(self, url: str, schema: str):
+        self.url = url
+        self.schema = schema
+
+    def query(self, sql: str, timeout: float = 60) -> str:
+        r = subprocess.run(["psql", "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-d", self.url, "-c", sql],
+                           capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"psql failed: {r.stderr.strip()}")
+        return r.stdout.strip()
+
+    def quoted_schema(self) -> str:
+        return '"' + self.schema.replace('"', '""') + '"'
+
+    def pending(self, relay: str) -> int:
+        if relay == "outboxd":
+            return int(self.query(f"SELECT count(*) FROM {self.quoted_schema()}.events"))
+        return int(self.query("SELECT count(*) FROM baseline.events WHERE published_at IS NULL"))
+
+    def backends(self, app_name: str) -> list[int]:
+        out = self.query("SELECT pid FROM pg_stat_activity WHERE application_name = "
+                         f"'{app_name}' AND pid <> pg_backend_pid()")
+        return [int(x) for x in out.split()] if out else []
+
+
+class Receiver:
+    def __init__(self, exe: Path, raw: Path, threads: int):
+        port_file = raw / "receiver.port"
+        port_file.unlink(missing_ok=True)
+        with open(raw / "receiver.log", "w") as err:
+            self.proc = spawn([str(exe), "--port-file", str(port_file), "--threads", str(threads)],
+                              stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 10
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the receiver did not start (see receiver.log)")
+            time.sleep(0.02)
+        self.port = int(port_file.read_text())
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    def _call(self, method: str, path: str, body: str | None = None) -> str:
+        # http.client, not urllib: urllib would honour http_proxy variables.
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            c.request(method, path, body=body)
+            r = c.getresponse()
+            text = r.read().decode()
+            if r.status != 200:
+                raise RuntimeError(f"receiver {path}: {r.status} {text.strip()}")
+            return text.strip()
+        finally:
+            c.close()
+
+    def count(self) -> int:
+        return int(self._call("GET", "/_bench/count"))
+
+    def dump(self, path: Path) -> int:
+        return int(self._call("POST", "/_bench/dump", str(path)))
+
+
+# ---- the benchmark -------------------------------------------------------------
+
+def with_params(url: str, params: str) -> str:
+    """Appends URI query parameters to a postgresql:// URL."""
+    return f"{url}{'&' if '?' in url else '?'}{params}"
+
+
+def describe(scenario: str, p: dict) -> str:
+    if scenario == "paced":
+        return f"paced: {p['count']} events at {p['rate']}/s, {p['connections']} producer connection"
+    if scenario == "flat":
+        return (f"flat: {p['connections']} producer connections, one event per transaction, "
+                f"as fast as they can for {p['duration']} s")
+    if scenario == "backlog":
+        return (f"backlog: {p['count']} events committed in one transaction while the relay is stopped, "
+                "then the relay starts")
+    if scenario == "many":
+        return f"many: {p['connections']} producer connections flat out for {p['duration']} s"
+    return f"idle: the relay alone, no events, {p['duration']} s"
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.build = Path(args.build_dir).resolve()
+        self.raw = Path(args.raw_dir).resolve()
+        self.raw.mkdir(parents=True, exist_ok=True)
+        self.db = Database(args.database_url, args.schema)
+        # Copies, taken once: a rebuild of build/ during the run cannot mix
+        # two versions of a program into one table.
+        bin_dir = self.raw / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        exes = {}
+        for name, rel in (("outboxd", "outboxd"), ("producer", "bench/outboxd-bench-producer"),
+                          ("baseline", "bench/outboxd-bench-baseline"), ("receiver", "bench/outboxd-bench-receiver")):
+            src = self.build / rel
+            if not src.exists():
+                raise SystemExit(f"orchestrate.py: {src} missing: build first (bench/run.sh does)")
+            exes[name] = bin_dir / src.name
+            shutil.copy2(src, exes[name])
+        self.outboxd = exes["outboxd"]
+        self.producer = exes["producer"]
+        self.baseline = exes["baseline"]
+        self.receiver = Receiver(exes["receiver"], self.raw, args.receiver_threads)
+        self.tag = int(time.time()) % 100_000 * 100  # distinct across benchmark invocations
+        self.quick = args.quick
+        self.drain_deadline = 30 if args.quick else 60
+        self.backlog_deadline = 120 if args.quick else 300
+
+    def params(self, scenario: str) -> dict:
+        return PARAMS[scenario][1 if self.quick else 0]
+
+    def baseline_url(self) -> str:
+        return with_params(self.args.database_url, "application_name=outboxd-baseline")
+
+    def outboxd_url(self) -> str:
+        if not self.args.outboxd_dsn_params:
+            return self.args.database_url
+        return with_params(self.args.database_url, self.args.outboxd_dsn_params)
+
+    # -- relays
+
+    def start_relay(self, relay: str, log_path: Path) -> subprocess.Popen:
+        if relay == "outboxd":
+            cmd = [str(self.outboxd), "--database-url", self.outboxd_url(), "--schema", self.args.schema,
+                   "--log-level", "warn", "run", "--url", self.receiver.url]
+            if self.args.concurrency:
+                cmd += ["--concurrency", str(self.args.concurrency)]
+        else:
+            cmd = [str(self.baseline), "--database-url", self.baseline_url(), "--url", self.receiver.url]
+        with open(log_path, "w") as err:  # the child keeps its own copy of the descriptor
+            return spawn(cmd, stdout=subprocess.DEVNULL, stderr=err)
+
+    @staticmethod
+    def app_name(relay: str) -> str:
+        return "outboxd" if relay == "outboxd" else "outboxd-baseline"
+
+    def wait_ready(self, relay: str, proc: subprocess.Popen) -> list[int]:
+        """Until the relay is connected to the database; returns the backend
+        pids of its connections (outboxd: store and listener)."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{relay} exited with {proc.returncode} at startup")
+            if self.db.backends(self.app_name(relay)):
+                time.sleep(0.5)  # its other connections, LISTEN and the startup drain
+                return self.db.backends(self.app_name(relay))
+            time.sleep(0.05)
+        raise RuntimeError(f"{relay} did not connect within 20 s")
+
+    @staticmethod
+    def backends_cpu(pids: list[int]) -> float:
+        return sum(cpu_seconds(p) or 0.0 for p in pids)
+
+    def wait_drained(self, relay: str, expected: int, deadline_s: float) -> bool:
+        """Until the receiver has at least `expected` requests and the relay's
+        table holds nothing undelivered; False at the deadline."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            if self.receiver.count() >= expected and self.db.pending(relay) == 0:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def clear_leftovers(self, relay: str) -> None:
+        """An earlier run may have left events undelivered (they were counted
+        as lost there). Deliver them now so they cannot blur this run; their
+        receipts are kept apart as strays."""
+        left = self.db.pending(relay)
+        if left == 0:
+            return
+        log(f"{left} undelivered {relay} events left by an earlier run; delivering them first")
+        proc = self.start_relay(relay, self.raw / f"leftover-{relay}-{self.tag}.log")
+        try:
+            deadline = time.monotonic() + self.backlog_deadline
+            while time.monotonic() < deadline and self.db.pending(relay) > 0 and proc.poll() is None:
+                time.sleep(0.2)
+        finally:
+            stop(proc)
+        self.receiver.dump(self.raw / f"leftover-{relay}-{self.tag}.tsv")
+
+    def probe_commit_ms(self, tag: int) -> float | None:
+        """Mean time of one durable commit by a lone writer right now, from
+        0.5 s of single-row commits into a table no relay reads. On a shared
+        machine the disk's flush time drifts (others' I/O), and every figure
+        here moves with it: the table shows it beside each cell."""
+        cmd = [str(self.producer), "--database-url", self.args.database_url, "--target", "probe",
+               "--run", str(tag), "--out", str(self.raw / f"probe-{tag}.tsv"),
+               "--mode", "flat", "--duration", "0.5", "--connections", "1"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            summary = json.loads(r.stdout.strip().splitlines()[-1])
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            return None
+        if not summary.get("committed"):
+            return None
+        return (summary["last_commit_ns"] - summary["start_ns"]) / 1e6 / summary["committed"]
+
+    # -- one run
+
+    def run_one(self, scenario: str, relay: str, run: int) -> dict:
+        self.tag += 1
+        tag = self.tag
+        p = self.params(scenario)
+        self.clear_leftovers(relay)
+        # Anything that reached the receiver between runs is not this run's.
+        if self.receiver.count():
+            self.receiver.dump(self.raw / f"between-{tag}.tsv")
+        meta = {"scenario": scenario, "relay": relay, "run": run, "tag": tag, "params": p,
+                "producer_file": f"prod-{tag}.tsv", "receiver_file": f"recv-{tag}.tsv",
+                "load_before": load_average()}
+        relay_log = self.raw / f"relay-{tag}.log"
+        meta["probe_commit_ms"] = self.probe_commit_ms(tag)
+
+        def producer(mode_args: list[str], timeout: float) -> dict:
+            cmd = [str(self.producer), "--database-url", self.args.database_url, "--target", relay,
+                   "--schema", self.args.schema, "--run", str(tag), "--out", str(self.raw / meta["producer_file"])]
+            r = subprocess.run(cmd + mode_args, capture_output=True, text=True, timeout=timeout)
+            if r.returncode != 0:
+                raise RuntimeError(f"producer failed ({r.returncode}): {r.stderr.strip()}")
+            summary = json.loads(r.stdout.strip().splitlines()[-1])
+            if summary["errors"]:
+                log(f"producer: {summary['errors']} failed transactions, last: {summary['last_error']}")
+            return summary
+
+        if scenario == "backlog":
+            summary = producer(["--mode", "bulk", "--count", str(p["count"])], timeout=600)
+            meta["relay_start_ns"] = meta["window_start_ns"] = now_ns()
+            proc = self.start_relay(relay, relay_log)
+            cpu0 = 0.0
+            db_pids: list[int] = []
+            db0 = 0.0
+        else:
+            proc = self.start_relay(relay, relay_log)
+            db_pids = self.wait_ready(relay, proc)
+            db0 = self.backends_cpu(db_pids)
+            cpu0 = cpu_seconds(proc.pid) or 0.0
+            meta["window_start_ns"] = now_ns()
+            if scenario == "idle":
+                time.sleep(p["duration"])
+                summary = None
+            elif scenario == "paced":
+                summary = producer(["--mode", "paced", "--rate", str(p["rate"]), "--count", str(p["count"]),
+                                    "--connections", str(p["connections"])],
+                                   timeout=p["count"] / p["rate"] + 120)
+            else:
+                summary = producer(["--mode", "flat", "--duration", str(p["duration"]),
+                                    "--connections", str(p["connections"])], timeout=p["duration"] + 120)
+
+        if summary is not None:
+            meta["load_start_ns"] = summary["start_ns"]
+            meta["producer_errors"] = summary["errors"]
+            deadline = self.backlog_deadline if scenario == "backlog" else self.drain_deadline
+            meta["drained"] = self.wait_drained(relay, summary["committed"], deadline)
+            if not meta["drained"]:
+                log(f"{scenario}/{relay}: not drained within {deadline} s; the missing events count as lost")
+            if scenario == "backlog":
+                db_pids = self.db.backends(self.app_name(relay))  # connected since relay start
+        cpu1 = cpu_seconds(proc.pid)
+        meta["window_end_ns"] = now_ns()
+        meta["cpu_s"] = None if cpu1 is None else cpu1 - cpu0
+        meta["rss_kb"] = peak_rss_kb(proc.pid)
+        meta["db_cpu_s"] = self.backends_cpu(db_pids) - db0 if db_pids else None
+        meta["relay_exit"] = stop(proc)
+        if meta["relay_exit"] != 0:
+            log(f"{relay} exited with {meta['relay_exit']}; last lines of {relay_log}:")
+            for line in relay_log.read_text(errors="replace").splitlines()[-10:]:
+                log(f"  {line}")
+        if scenario != "idle":
+            meta["received"] = self.receiver.dump(self.raw / meta["receiver_file"])
+        meta["load_after"] = load_average()
+        (self.raw / f"run-{tag}.json").write_text(json.dumps(meta, indent=1))
+        return analyze.compute(meta, self.raw)
+
+    def environment(self, scenarios: list[str]) -> dict:
+        def show(name: str) -> str:
+            return self.db.query(f"SHOW {name}")
+
+        model = "?"
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        try:
+            version = subprocess.run([str(self.outboxd), "--version"], capture_output=True, text=True,
+                                     timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            version = "?"
+        try:
+            root = Path(__file__).resolve().parent.parent
+            commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src", "sql"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            if commit:
+                version += f" (commit {commit}{', src/ or sql/ modified' if dirty else ''})"
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        lines = [describe(s, self.params(s)) for s in scenarios]
+        lines.append(f"drain deadline: {self.drain_deadline} s after the load ends "
+                     f"(backlog: {self.backlog_deadline} s after the relay starts)")
+        lines.append("baseline: bench/baseline_relay.cpp (poll every 500 ms, 100 rows FOR UPDATE SKIP LOCKED, "
+                     "synchronous POSTs inside the transaction, UPDATE published_at)")
+        lines.append(f"receiver: bench/receiver.cpp, {self.args.receiver_threads} thread(s); "
+                     "producers: bench/producer.cpp (BEGIN; enqueue or INSERT; COMMIT)")
+        return {
+            "machine": f"{os.cpu_count()} × {model}, {mem_gb:.0f} GiB RAM, Linux {platform.release()}",
+            "cores": os.cpu_count(),
+            "pg_version": show("server_version"),
+            "fsync": show("fsync"),
+            "synchronous_commit": show("synchronous_commit"),
+            "wal_sync_method": show("wal_sync_method"),
+            "outboxd": version,
+            "concurrency": self.args.concurrency or "32 (default)",
+            "outboxd_dsn_params": self.args.outboxd_dsn_params or "",
+            "runs": self.args.runs,
+            "scenarios": ", ".join(scenarios) + (" (--quick: shortened)" if self.quick else ""),
+            "scenario_lines": lines,
+            "load_start": load_average(),
+        }
+
+    def run(self) -> int:
+        scenarios = [s for s in ALL_SCENARIOS if s in self.args.scenario] if self.args.scenario else ALL_SCENARIOS
+        env = self.environment(scenarios)
+        if env["fsync"] != "on" or env["synchronous_commit"] != "on":
+            log("WARNING: fsync or synchronous_commit is off: these are not the numbers users get")
+        metrics = []
+        for run in range(1, self.args.runs + 1):
+            for scenario in scenarios:
+                for relay in analyze.RELAYS:
+                    m = self.run_one(scenario, relay, run)
+                    metrics.append(m)
+                    log(f"run {run} {scenario:8} {relay:8} " + ", ".join(
+                        f"{k}={analyze.fmt(m.get(k), f)}" for k, _, f in analyze.COLUMNS if m.get(k) is not None))
+        env["load_end"] = load_average()
+        (self.raw / "env.json").write_text(json.dumps(env, indent=1))
+        text = analyze.report(metrics, env)
+        sys.stdout.write(text)
+        if self.args.results:
+            out = Path(self.args.results)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+            log(f"table written to {out}")
+        lost = sum(m.get("lost") or 0 for m in metrics if m["relay"] == "outboxd")
+        if lost:
+            log(f"outboxd lost {lost} events (see the table)")
+        return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--database-url", required=True)
+    ap.add_argument("--schema", default="outbox")
+    ap.add_argument("--build-dir", default="build")
+    ap.add_argument("--raw-dir", required=True)
+    ap.add_argument("--results", help="also write the Markdown report here")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--scenario", action="append", choices=ALL_SCENARIOS,
+                    help="run only this scenario (repeatable); default: all")
+    ap.add_argument("--quick", action="store_true", help="shorter scenarios, for a smoke run")
+    ap.add_argument("--concurrency", type=int, help="passed to `outboxd run --concurrency`")
+    ap.add_argument("--receiver-threads", type=int, default=1)
+    ap.add_argument("--outboxd-dsn-params", default="",
+                    help="URI parameters added to outboxd's database URL only, to try a setting, e.g. "
+                         "'options=-csynchronous_commit%%3Doff'")
+    args = ap.parse_args()
+    if not 1 <= args.runs <= 20:
+        ap.error("--runs must be 1..20")
+
+    # SIGTERM (from bench/run.sh's trap) unwinds like Ctrl-C, so children are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return Bench(args).run()
+    finally:
+        kill_children()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

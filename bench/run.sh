@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The outboxd benchmark (issue 5), one command:
+#
+#   bench/run.sh [--runs N] [--scenario NAME]... [--quick] [--concurrency N]
+#                [--receiver-threads N] [--outboxd-dsn-params P] [--keep-raw] [--no-build]
+#
+#   --runs N            runs per scenario and relay; the table shows medians (default 3)
+#   --scenario NAME     paced | flat | backlog | many | idle (repeatable; default all)
+#   --quick             shortened scenarios for a smoke run (~2 minutes)
+#   --concurrency N     passed to `outboxd run` (default: outboxd's own)
+#   --receiver-threads  threads of the HTTP receiver (default 1)
+#   --outboxd-dsn-params P  URI parameters for outboxd's database URL only, to try
+#                       a setting (e.g. 'options=-csynchronous_commit%3Doff')
+#   --keep-raw          keep the raw per-event files (printed path under /tmp)
+#   --no-build          use the binaries already in build/
+#
+# It builds outboxd and the bench programs (scripts/build.sh), starts a
+# throwaway PostgreSQL 15 with durable commits (fsync and synchronous_commit
+# on, as users run it), installs the outbox and the baseline's table, runs
+# every scenario for outboxd and for a textbook baseline relay side by side,
+# prints a Markdown table of medians with outboxd/baseline ratios, and writes
+# it to bench/results/latest.md. The database and raw files are removed on
+# exit, whatever happens.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+runs=3
+build=1
+keep_raw=0
+py_args=()
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while (($#)); do
+  case $1 in
+    --runs) runs=${2:?--runs needs a number}; shift 2 ;;
+    --scenario) py_args+=(--scenario "${2:?--scenario needs a name}"); shift 2 ;;
+    --quick) py_args+=(--quick); shift ;;
+    --concurrency) py_args+=(--concurrency "${2:?--concurrency needs a number}"); shift 2 ;;
+    --receiver-threads) py_args+=(--receiver-threads "${2:?--receiver-threads needs a number}"); shift 2 ;;
+    --outboxd-dsn-params) py_args+=(--outboxd-dsn-params "${2:?--outboxd-dsn-params needs a value}"); shift 2 ;;
+    --keep-raw) keep_raw=1; shift ;;
+    --no-build) build=0; shift ;;
+    -h|--help) usage ;;
+    *) echo "run.sh: unknown option $1" >&2; usage ;;
+  esac
+done
+
+python=/usr/bin/python3
+[[ -x $python ]] || python=$(command -v python3)
+
+if ((build)); then
+  echo "[bench] building (scripts/build.sh)" >&2
+  scripts/build.sh >&2
+fi
+
+# Under /tmp so that the postgres OS user can reach the data directory.
+work=$(mktemp -d /tmp/outboxd-bench.XXXXXX)
+chmod 755 "$work"
+pgdir="$work/pg"
+raw="$work/raw"
+py_pid=
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [[ -n $py_pid ]] && kill -0 "$py_pid" 2>/dev/null; then
+    kill -TERM "$py_pid" 2>/dev/null || true
+    wait "$py_pid" 2>/dev/null || true
+  fi
+  scripts/pg.sh stop "$pgdir" >/dev/null 2>&1 || true
+  if ((keep_raw)); then
+    rm -rf "$pgdir"
+    echo "[bench] raw files kept in $raw (rebuild the table: $python bench/analyze.py $raw)" >&2
+  else
+    rm -rf "$work"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+echo "[bench] starting PostgreSQL in $pgdir (fsync and synchronous_commit on)" >&2
+url=$(scripts/pg.sh start "$pgdir" | tail -n 1)
+build/outboxd --database-url "$url" migrate >&2
+build/bench/outboxd-bench-baseline --database-url "$url" --setup
+
+# In the background with `wait`, so that a signal runs the trap at once.
+"$python" bench/orchestrate.py --database-url "$url" --build-dir build --raw-dir "$raw" \
+  --runs "$runs" --results bench/results/latest.md "${py_args[@]+"${py_args[@]}"}" &
+py_pid=$!
+wait "$py_pid"
