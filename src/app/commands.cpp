@@ -95,11 +95,6 @@ std::string dsn_of(const parsed_args& args) {
     return with_default(with_default(raw, "application_name", "outboxd"), "connect_timeout", "10");
 }
 
-fatal_error database_unavailable(const std::exception& e, const std::string& dsn) {
-    return fatal_error(exit_db_unavailable, fmt::format("cannot connect to the database ({}): {}", redact_dsn(dsn),
-                                                        scrub_secrets(e.what(), dsn)));
-}
-
 std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
     try {
         return std::make_unique<pqxx::connection>(dsn);

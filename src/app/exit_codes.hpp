@@ -4,6 +4,10 @@
 #include <stdexcept>
 #include <string>
 
+#include <fmt/format.h>
+
+#include "core/dsn.hpp"
+
 namespace outboxd::app {
 
 enum exit_code : int {
@@ -22,5 +26,12 @@ struct fatal_error : std::runtime_error {
     fatal_error(int code, const std::string& message) : std::runtime_error(message), code(code) {}
     int code;
 };
+
+// The first connection failed: the password is cut out of both the
+// connection string and libpq's message.
+[[nodiscard]] inline fatal_error database_unavailable(const std::exception& e, const std::string& dsn) {
+    return fatal_error(exit_db_unavailable, fmt::format("cannot connect to the database ({}): {}", redact_dsn(dsn),
+                                                        scrub_secrets(e.what(), dsn)));
+}
 
 }  // namespace outboxd::app

@@ -22,6 +22,7 @@
 #include "core/duration.hpp"
 #include "core/embedded_sql.hpp"
 #include "core/log.hpp"
+#include "core/migration_set.hpp"
 #include "core/sql_ident.hpp"
 #include "core/webhook_request.hpp"
 #include "http/webhook_client.hpp"
@@ -136,9 +137,7 @@ private:
         } catch (const fatal_error&) {
             throw;
         } catch (const pqxx::broken_connection& e) {
-            throw fatal_error(exit_db_unavailable,
-                              fmt::format("cannot connect to the database ({}): {}", redact_dsn(opts_.dsn),
-                                          scrub_secrets(e.what(), opts_.dsn)));
+            throw database_unavailable(e, opts_.dsn);
         } catch (const std::exception& e) {
             throw fatal_error(exit_db_unavailable,
                               fmt::format("database error at startup: {}", scrub_secrets(e.what(), opts_.dsn)));
@@ -158,20 +157,20 @@ private:
     }
 
     void check_schema(std::optional<int> version) {
-        const int known = embedded::migrations().back().version;
-        if (!version || *version < known) {
+        const auto plan = plan_migrations(version, embedded::migrations());
+        if (plan.database_is_newer) {
+            throw fatal_error(exit_schema_too_new,
+                              fmt::format("the outbox in schema {} is at migration {}, newer than this outboxd "
+                                          "(knows up to {}); upgrade outboxd",
+                                          quote_ident(opts_.schema), plan.database_version, plan.binary_version));
+        }
+        if (!version || !plan.pending.empty()) {
             throw fatal_error(exit_schema_missing,
                               fmt::format("the outbox in schema {} is {}; run `outboxd migrate` (or apply "
                                           "`outboxd sql`) first",
                                           quote_ident(opts_.schema),
-                                          version ? fmt::format("at migration {} of {}", *version, known)
+                                          version ? fmt::format("at migration {} of {}", *version, plan.binary_version)
                                                   : std::string("not installed")));
-        }
-        if (*version > known) {
-            throw fatal_error(exit_schema_too_new,
-                              fmt::format("the outbox in schema {} is at migration {}, newer than this outboxd "
-                                          "(knows up to {}); upgrade outboxd",
-                                          quote_ident(opts_.schema), *version, known));
         }
     }
 

@@ -4,12 +4,10 @@
 #include <pqxx/pqxx>
 
 #include "pg/named_queries.hpp"
+#include "pg/params.hpp"
 
 namespace outboxd::pg {
 namespace {
-
-// libpqxx 6 passes NULL for a null C string.
-const char* nullable(const std::optional<std::string>& s) { return s ? s->c_str() : nullptr; }
 
 std::optional<std::string> as_text(const std::optional<std::int64_t>& v) {
     return v ? std::optional<std::string>(fmt::format("{}", *v)) : std::nullopt;

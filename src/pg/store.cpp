@@ -9,6 +9,7 @@
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
 #include "pg/migrator.hpp"
+#include "pg/params.hpp"
 
 namespace outboxd::pg {
 namespace {
@@ -34,8 +35,6 @@ std::string array_literal(std::span<const lease_ref> refs, T lease_ref::*member)
     out.push_back('}');
     return out;
 }
-
-const char* nullable(const std::optional<std::string>& s) { return s ? s->c_str() : nullptr; }
 
 }  // namespace
 
