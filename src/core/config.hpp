@@ -1,0 +1,87 @@
+#pragma once
+// The relay's effective configuration: a TOML file, overridden by OUTBOXD_*
+// environment variables, overridden by command-line flags. Pure: the file's
+// text, the environment and the flags reach it through the inputs below, so
+// every rule is unit-tested without touching the process.
+//
+// Every error is a config_error whose message names where the bad value came
+// from (file:line:column and key, environment variable or flag) and what was
+// expected. No message ever repeats a secret (signing secrets, header values
+// of destinations, the database password).
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/event.hpp"
+#include "core/retry_policy.hpp"
+#include "core/signing.hpp"
+#include "core/url.hpp"
+
+namespace outboxd {
+
+class config_error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+struct tls_settings {
+    bool verify = true;                   // false only when asked; logged loudly
+    std::optional<std::string> ca_file;   // PEM bundle; default: the system CAs
+};
+
+enum class transport { webhook, stdout_lines };
+
+struct destination_config {
+    std::string name;
+    transport kind = transport::webhook;
+    // webhook only:
+    endpoint_url url;
+    header_list headers;                  // static extra headers (values may be secret)
+    std::chrono::milliseconds connect_timeout{5'000};
+    std::chrono::milliseconds request_timeout{10'000};
+    std::size_t max_concurrency = 32;     // requests in flight to this destination at most
+    tls_settings tls;
+    std::vector<signing_secret> signing_secrets;  // empty: not signed
+    // all transports:
+    retry_policy retry;
+};
+
+struct route_config {
+    std::vector<std::string> topics;        // patterns, see topic_pattern.hpp
+    std::vector<std::string> destinations;  // names in config::destinations
+};
+
+struct config {
+    std::string database_url;             // raw, may hold a password
+    std::string schema = "outbox";
+    std::string log_level = "info";
+    std::size_t concurrency = 32;         // deliveries in flight at most, all destinations
+    std::chrono::milliseconds lease{30'000};
+    std::chrono::milliseconds sweep_interval{30'000};
+    std::chrono::milliseconds shutdown_timeout{10'000};
+    bool block_private_addresses = false; // egress (SSRF) guard
+    std::vector<destination_config> destinations;
+    std::vector<route_config> routes;
+};
+
+// Where settings come from. Each lookup returns nullopt when absent.
+struct config_sources {
+    std::optional<std::string> file_text;  // the TOML file's contents, if a file was given
+    std::string file_name;                 // for messages
+    std::function<std::optional<std::string>(std::string_view name)> env;   // OUTBOXD_* and DATABASE_URL
+    std::function<std::vector<std::string>(std::string_view flag)> flags;   // e.g. "concurrency" -> values given
+};
+
+// Builds and validates the effective configuration. Throws config_error.
+[[nodiscard]] config resolve_config(const config_sources& sources);
+
+// The effective configuration as TOML, every secret replaced by "<redacted>".
+[[nodiscard]] std::string render_config(const config& c);
+
+}  // namespace outboxd
