@@ -203,8 +203,11 @@ int cmd_status(const parsed_args& args) {
     if (args.flag("json")) {
         auto out = nlohmann::json::array();
         for (const auto& t : topics) {
-            out.push_back({{"topic", t.topic}, {"pending", t.pending}, {"in_flight", t.in_flight},
-                           {"retrying", t.retrying}, {"oldest_seconds", t.oldest_seconds}, {"dead", t.dead}});
+            nlohmann::json j{{"topic", t.topic},         {"pending", t.pending},
+                             {"in_flight", t.in_flight}, {"retrying", t.retrying},
+                             {"oldest_seconds", t.oldest_seconds}, {"dead", t.dead}};
+            j["last_error"] = t.last_error ? nlohmann::json(*t.last_error) : nlohmann::json();
+            out.push_back(std::move(j));
         }
         std::cout << out.dump() << '\n';
         return exit_ok;
@@ -214,6 +217,7 @@ int cmd_status(const parsed_args& args) {
     for (const auto& t : topics) {
         std::cout << fmt::format("{:<32} {:>10} {:>10} {:>10} {:>11.1f}s {:>10}\n", t.topic, t.pending,
                                  t.in_flight, t.retrying, t.oldest_seconds, t.dead);
+        if (t.last_error) std::cout << fmt::format("    last error: {}\n", *t.last_error);
     }
     return exit_ok;
 }
@@ -250,12 +254,14 @@ int cmd_dead(const parsed_args& args) {
                                      {"payload", nlohmann::json::parse(d.payload)}};
                     j["ordering_key"] = d.ordering_key ? nlohmann::json(*d.ordering_key) : nlohmann::json();
                     j["last_status"] = d.last_status ? nlohmann::json(*d.last_status) : nlohmann::json();
+                    j["destination"] = d.destination ? nlohmann::json(*d.destination) : nlohmann::json();
                     std::cout << j.dump() << '\n';
                 }
                 return exit_ok;
             }
             for (const auto& d : dead) {
-                std::cout << fmt::format("{}  {}  key={}  attempts={}  status={}  died_at={}\n    {}\n", d.id, d.topic,
+                std::cout << fmt::format("{}  {}  destination={}  key={}  attempts={}  status={}  died_at={}\n    {}\n",
+                                         d.id, d.topic, d.destination.value_or("(all)"),
                                          d.ordering_key.value_or("-"), d.attempts,
                                          d.last_status ? fmt::format("{}", *d.last_status) : "-", d.died_at,
                                          d.last_error);
@@ -283,50 +289,55 @@ std::string make_lease_owner() {
 }
 
 int cmd_run(const parsed_args& args) {
+    // TEMPORARY bridge until resolve_config lands: flags -> one destination.
     relay_options o;
-    o.schema = schema_of(args);
+    auto& c = o.settings;
+    c.schema = schema_of(args);
+    destination_config d;
+    d.name = "default";
     const auto url = option_or_env(args, "url", "OUTBOXD_WEBHOOK_URL");
-    o.url = usage_checked("url", [&] { return parse_endpoint_url(url); });
-    if (o.url.is_tls()) {
-        throw fatal_error(exit_usage, "--url: https:// is not supported yet; use http:// (TLS arrives with webhooks issue #4)");
+    if (url == "stdout") {
+        d.kind = transport::stdout_lines;
+    } else {
+        d.url = usage_checked("url", [&] { return parse_endpoint_url(url); });
     }
-    o.concurrency = static_cast<std::size_t>(parse_int(args, "concurrency", 32, 1, 1024));
-    o.lease = duration_option(args, "lease", o.lease);
-    o.sweep_interval = duration_option(args, "sweep-interval", o.sweep_interval);
-    o.connect_timeout = duration_option(args, "connect-timeout", o.connect_timeout);
-    o.request_timeout = duration_option(args, "request-timeout", o.request_timeout);
-    o.shutdown_timeout = duration_option(args, "shutdown-timeout", o.shutdown_timeout);
-    o.retry.base = duration_option(args, "retry-base", o.retry.base);
-    o.retry.cap = duration_option(args, "retry-cap", o.retry.cap);
-    o.retry.max_attempts = static_cast<int>(parse_int(args, "max-attempts", o.retry.max_attempts, 1, 1000));
+    c.concurrency = static_cast<std::size_t>(parse_int(args, "concurrency", 32, 1, 1024));
+    d.max_concurrency = c.concurrency;
+    c.lease = duration_option(args, "lease", c.lease);
+    c.sweep_interval = duration_option(args, "sweep-interval", c.sweep_interval);
+    d.connect_timeout = duration_option(args, "connect-timeout", d.connect_timeout);
+    d.request_timeout = duration_option(args, "request-timeout", d.request_timeout);
+    c.shutdown_timeout = duration_option(args, "shutdown-timeout", c.shutdown_timeout);
+    d.retry.base = duration_option(args, "retry-base", d.retry.base);
+    d.retry.cap = duration_option(args, "retry-cap", d.retry.cap);
+    d.retry.max_attempts = static_cast<int>(parse_int(args, "max-attempts", d.retry.max_attempts, 1, 1000));
     if (auto list = args.get("permanent-statuses")) {
-        o.retry.permanent_statuses = usage_checked("permanent-statuses", [&] { return parse_status_list(*list); });
+        d.retry.permanent_statuses = usage_checked("permanent-statuses", [&] { return parse_status_list(*list); });
     }
     if (auto list = args.get("throttle-statuses")) {
-        o.retry.throttle_statuses = usage_checked("throttle-statuses", [&] { return parse_status_list(*list); });
+        d.retry.throttle_statuses = usage_checked("throttle-statuses", [&] { return parse_status_list(*list); });
     }
-    // Secrets never appear in messages: signing_secret::parse does not echo them.
     auto secrets = args.all("signing-secret");
     if (secrets.empty()) {
         if (auto from_env = env("OUTBOXD_SIGNING_SECRETS")) secrets.push_back(*from_env);
     }
     for (const auto& text : secrets) {
         auto parsed = usage_checked("signing-secret", [&] { return parse_signing_secrets(text); });
-        std::move(parsed.begin(), parsed.end(), std::back_inserter(o.signing_secrets));
+        std::move(parsed.begin(), parsed.end(), std::back_inserter(d.signing_secrets));
     }
     using std::chrono::milliseconds;
-    if (o.sweep_interval < milliseconds(100)) throw fatal_error(exit_usage, "--sweep-interval: at least 100ms");
-    if (o.connect_timeout < milliseconds(1) || o.request_timeout < milliseconds(1)) {
+    if (c.sweep_interval < milliseconds(100)) throw fatal_error(exit_usage, "--sweep-interval: at least 100ms");
+    if (d.connect_timeout < milliseconds(1) || d.request_timeout < milliseconds(1)) {
         throw fatal_error(exit_usage, "--connect-timeout and --request-timeout must be at least 1ms");
     }
-    if (o.retry.base > o.retry.cap) throw fatal_error(exit_usage, "--retry-base must not exceed --retry-cap");
-    // A lease that could expire while its delivery is still running would let
-    // a second relay deliver the same event concurrently.
-    if (o.lease <= o.connect_timeout + o.request_timeout) {
+    if (d.retry.base > d.retry.cap) throw fatal_error(exit_usage, "--retry-base must not exceed --retry-cap");
+    if (c.lease <= d.connect_timeout + d.request_timeout) {
         throw fatal_error(exit_usage,
                           fmt::format("--lease ({}) must be longer than --connect-timeout + --request-timeout ({})",
-                                      format_duration(o.lease), format_duration(o.connect_timeout + o.request_timeout)));
+                                      format_duration(c.lease), format_duration(d.connect_timeout + d.request_timeout)));
     }
+    c.destinations.push_back(std::move(d));
+    c.routes.push_back({{">"}, {"default"}});
     o.dsn = dsn_of(args);
     o.lease_owner = make_lease_owner();
     return run_relay(o);

@@ -15,6 +15,7 @@
 #include <pqxx/except>
 
 #include "app/exit_codes.hpp"
+#include "app/sink.hpp"
 #include "app/store_worker.hpp"
 #include "core/delivery_outcome.hpp"
 #include "core/dispatcher.hpp"
@@ -23,9 +24,9 @@
 #include "core/embedded_sql.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
+#include "core/routing.hpp"
 #include "core/sql_ident.hpp"
 #include "core/webhook_request.hpp"
-#include "http/webhook_client.hpp"
 #include "pg/listener.hpp"
 #include "pg/store.hpp"
 
@@ -63,23 +64,42 @@ struct bury_item {
     std::string excerpt;
 };
 
+struct fan_out_item {
+    pg::lease_ref ref;
+    std::vector<pg::owed_delivery> owed;
+    std::vector<pg::dead_delivery> dead;
+};
+
 // Outcomes waiting to be written. Written in batches by one job at a time;
 // kept (and retried) until the database has them, since each write is fenced
 // and idempotent.
 struct outcome_batch {
+    // Events sent straight from `events` and accepted by every destination.
     std::vector<pg::lease_ref> delivered;
-    // A delivered or dead-lettered event had an ordering key: once recorded,
-    // the next event of that key may be due.
-    bool unblocks_key = false;
+    // Whole events: no route matched, or they cannot be sent at all.
     std::vector<reschedule_item> retries;
     std::vector<bury_item> dead;
+    // Events some destination failed (or that must queue behind their key).
+    std::vector<fan_out_item> fan_outs;
+    // One destination's delivery of a fanned-out event.
+    pg::delivery_outcomes deliveries;
+    // Something keyed finished (delivered or dead) or was fanned out: the
+    // next event of that key may be due once this is recorded.
+    bool unblocks_key = false;
 
-    [[nodiscard]] bool empty() const { return delivered.empty() && retries.empty() && dead.empty(); }
+    [[nodiscard]] bool empty() const {
+        return delivered.empty() && retries.empty() && dead.empty() && fan_outs.empty() && deliveries.empty();
+    }
     void append(outcome_batch&& other) {
-        delivered.insert(delivered.end(), other.delivered.begin(), other.delivered.end());
+        auto move_all = [](auto& to, auto& from) { std::move(from.begin(), from.end(), std::back_inserter(to)); };
+        move_all(delivered, other.delivered);
+        move_all(retries, other.retries);
+        move_all(dead, other.dead);
+        move_all(fan_outs, other.fan_outs);
+        move_all(deliveries.delivered, other.deliveries.delivered);
+        move_all(deliveries.retries, other.deliveries.retries);
+        move_all(deliveries.dead, other.deliveries.dead);
         unblocks_key = unblocks_key || other.unblocks_key;
-        std::move(other.retries.begin(), other.retries.end(), std::back_inserter(retries));
-        std::move(other.dead.begin(), other.dead.end(), std::back_inserter(dead));
     }
 };
 
@@ -90,30 +110,58 @@ std::size_t write_outcomes(pg::store& store, const outcome_batch& batch) {
     if (!batch.delivered.empty()) fenced += batch.delivered.size() - store.complete(batch.delivered).size();
     for (const auto& r : batch.retries) fenced += store.reschedule(r.ref, r.delay, r.error) ? 0 : 1;
     for (const auto& d : batch.dead) fenced += store.bury(d.ref, d.error, d.status, d.excerpt) ? 0 : 1;
+    for (const auto& f : batch.fan_outs) fenced += store.fan_out(f.ref, f.owed, f.dead) ? 0 : 1;
+    fenced += store.finish_deliveries(batch.deliveries);
     return fenced;
 }
+
+// What one destination made of one attempt.
+struct destination_result {
+    std::size_t destination;
+    delivery_outcome outcome;
+    std::optional<int> status;  // nullopt: no HTTP status (transport error)
+    std::string excerpt;
+};
+
+// An event sent straight to every destination its topic routes to: its
+// outcome is known once all of them have answered.
+struct event_in_flight {
+    pg::lease_ref ref;
+    bool keyed = false;
+    std::size_t waiting = 0;
+    std::vector<destination_result> failures;
+};
 
 class relay {
 public:
     explicit relay(const relay_options& o)
         : opts_(o),
-          store_(o.dsn, o.schema, o.lease_owner, /*relay_session=*/true),
+          cfg_(opts_.settings),
+          routes_(cfg_),
+          store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true),
           worker_(store_),
-          outcome_store_(o.dsn, o.schema, o.lease_owner, /*relay_session=*/true),
+          outcome_store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true),
           outcome_worker_(outcome_store_),
-          listener_(ioc_, worker_.executor(), o.dsn, notify_channel(o.schema),
+          listener_(ioc_, worker_.executor(), o.dsn, notify_channel(cfg_.schema),
                     {[this] { wake(); }, [this] { wake(); }, [](const std::string&) {}}),
-          client_(ioc_, o.url,
-                  http::client_options{o.concurrency, o.connect_timeout, o.request_timeout, 1024,
-                                       fmt::format("outboxd/{}", OUTBOXD_VERSION)}),
-          dispatch_(o.concurrency),
+          dispatch_(cfg_.concurrency),
           signals_(ioc_, SIGINT, SIGTERM),
           sweep_timer_(ioc_),
           due_timer_(ioc_),
           claim_retry_timer_(ioc_),
           flush_retry_timer_(ioc_),
           shutdown_timer_(ioc_),
-          rng_(std::random_device{}()) {}
+          rng_(std::random_device{}()) {
+        for (const auto& d : cfg_.destinations) {
+            try {
+                sinks_.push_back(d.kind == transport::stdout_lines
+                                     ? make_stdout_sink(ioc_)
+                                     : make_webhook_sink(ioc_, d, cfg_.block_private_addresses));
+            } catch (const std::invalid_argument& e) {
+                throw fatal_error(exit_usage, fmt::format("destination {}: {}", d.name, e.what()));
+            }
+        }
+    }
 
     int run() {
         start();
@@ -145,15 +193,30 @@ private:
         listener_.start();
         signals_.async_wait([this](const boost::system::error_code& ec, int sig) { on_signal(ec, sig); });
         arm_sweep();
-        log::info("relay started", {{"schema", opts_.schema},
-                                    {"url", fmt::format("{}://{}{}", opts_.url.scheme, opts_.url.host_header,
-                                                        opts_.url.target)},
-                                    {"concurrency", fmt::format("{}", opts_.concurrency)},
-                                    {"lease", format_duration(opts_.lease)},
-                                    {"sweep_interval", format_duration(opts_.sweep_interval)},
+        for (const auto& d : cfg_.destinations) {
+            if (d.kind == transport::webhook && d.url.is_tls() && !d.tls.verify) {
+                log::warn("INSECURE: TLS certificate verification is off for this destination; anyone on the "
+                          "network path can impersonate it and read every event",
+                          {{"destination", d.name}, {"url", describe(d)}});
+            }
+        }
+        std::string destinations;
+        for (const auto& d : cfg_.destinations) {
+            destinations += fmt::format("{}{}={}", destinations.empty() ? "" : " ", d.name, describe(d));
+        }
+        log::info("relay started", {{"schema", cfg_.schema},
+                                    {"destinations", destinations},
+                                    {"concurrency", fmt::format("{}", cfg_.concurrency)},
+                                    {"lease", format_duration(cfg_.lease)},
+                                    {"sweep_interval", format_duration(cfg_.sweep_interval)},
                                     {"lease_owner", opts_.lease_owner}});
         // LISTEN is active; now drain whatever was committed before it.
         wake();
+    }
+
+    static std::string describe(const destination_config& d) {
+        if (d.kind == transport::stdout_lines) return "stdout";
+        return fmt::format("{}://{}{}", d.url.scheme, d.url.host_header, d.url.target);
     }
 
     void check_schema(std::optional<int> version) {
@@ -162,13 +225,13 @@ private:
             throw fatal_error(exit_schema_too_new,
                               fmt::format("the outbox in schema {} is at migration {}, newer than this outboxd "
                                           "(knows up to {}); upgrade outboxd",
-                                          quote_ident(opts_.schema), plan.database_version, plan.binary_version));
+                                          quote_ident(cfg_.schema), plan.database_version, plan.binary_version));
         }
         if (!version || !plan.pending.empty()) {
             throw fatal_error(exit_schema_missing,
                               fmt::format("the outbox in schema {} is {}; run `outboxd migrate` (or apply "
                                           "`outboxd sql`) first",
-                                          quote_ident(opts_.schema),
+                                          quote_ident(cfg_.schema),
                                           version ? fmt::format("at migration {} of {}", *version, plan.binary_version)
                                                   : std::string("not installed")));
         }
@@ -180,7 +243,7 @@ private:
 
     void start_claim(std::size_t n) {
         if (n == 0) return;
-        worker_.submit([this, n, lease = opts_.lease](pg::store& store) {
+        worker_.submit([this, n, lease = cfg_.lease](pg::store& store) {
             try {
                 auto claimed = store.claim(n, lease);
                 net::post(ioc_, [this, n, claimed = std::move(claimed)]() mutable {
@@ -237,7 +300,7 @@ private:
     }
 
     void arm_sweep() {
-        sweep_timer_.expires_after(opts_.sweep_interval);
+        sweep_timer_.expires_after(cfg_.sweep_interval);
         sweep_timer_.async_wait([this](const boost::system::error_code& ec) {
             if (ec || dispatch_.stopping()) return;
             wake();
@@ -247,63 +310,198 @@ private:
 
     // ---- delivering ----------------------------------------------------
 
+    // Every claimed item ends in exactly one call of finished(), which frees
+    // its delivery slot.
+    void finished() {
+        flush_outcomes();
+        start_claim(dispatch_.on_delivery_finished());
+        maybe_finish();
+    }
+
     void deliver(event e) {
         const auto unix_now = std::chrono::duration_cast<std::chrono::seconds>(
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
         auto built = build_request_headers(e, unix_now);
+        if (e.destination) {
+            deliver_owed(std::move(e), std::move(built), unix_now);
+            return;
+        }
+        const pg::lease_ref ref{e.id, e.attempt};
+        const bool keyed = e.ordering_key.has_value();
         if (built.error) {
             // Nothing about this event can change: dead-letter it now.
             log::error("event cannot be sent; moving to dead letters",
                        {{"event_id", fmt::format("{}", e.id)}, {"error", *built.error}});
-            pending_.dead.push_back({{e.id, e.attempt}, *built.error, std::nullopt, {}});
-            pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
-            flush_outcomes();
-            start_claim(dispatch_.on_delivery_finished());
+            pending_.dead.push_back({ref, *built.error, std::nullopt, {}});
+            pending_.unblocks_key = pending_.unblocks_key || keyed;
+            finished();
             return;
         }
-        if (!opts_.signing_secrets.empty()) {
-            // Signs exactly what is sent: the webhook-id and -timestamp above and the body.
-            built.headers.emplace_back("webhook-signature",
-                                       sign_webhook(opts_.signing_secrets, built.headers.front().second, unix_now, e.payload));
+        const auto targets = routes_.match(e.topic);
+        if (targets.empty()) {
+            unroutable(e);
+            return;
         }
-        const pg::lease_ref ref{e.id, e.attempt};
-        const bool keyed = e.ordering_key.has_value();
-        client_.post(http::outgoing_request{std::move(e.payload), std::move(built.headers)},
-                     [this, ref, keyed](http::response_summary r) { on_delivered(ref, keyed, r); });
+        if (e.key_pending) {
+            // Earlier events of this key still wait at some destination: this
+            // one queues behind them, at each destination on its own.
+            fan_out_item item{ref, {}, {}};
+            for (const auto i : targets) item.owed.push_back({cfg_.destinations[i].name, milliseconds(0), 0, {}});
+            pending_.fan_outs.push_back(std::move(item));
+            pending_.unblocks_key = true;
+            finished();
+            return;
+        }
+        auto state = std::make_shared<event_in_flight>(event_in_flight{ref, keyed, targets.size(), {}});
+        for (const auto i : targets) {
+            send(i, e, built.headers, unix_now, [this, state, i](const http::response_summary& r) {
+                on_event_result(*state, i, r);
+            });
+        }
     }
 
-    void on_delivered(pg::lease_ref ref, bool keyed, const http::response_summary& r) {
-        if (finishing_) return;  // shutdown timed out: the lease release covers this event
+    // Signs and sends one request to destination `i`.
+    void send(std::size_t i, const event& e, header_list headers, std::int64_t unix_now,
+              std::function<void(const http::response_summary&)> done) {
+        const auto& d = cfg_.destinations[i];
+        add_destination_headers(headers, d.headers);
+        if (!d.signing_secrets.empty()) {
+            // Signs exactly what is sent: the webhook-id and -timestamp and the body.
+            headers.emplace_back("webhook-signature",
+                                 sign_webhook(d.signing_secrets, headers.front().second, unix_now, e.payload));
+        }
+        sinks_[i]->send(e, std::move(headers), [this, done = std::move(done)](http::response_summary r) {
+            if (finishing_) return;  // shutdown timed out: the lease release covers this delivery
+            done(r);
+        });
+    }
+
+    destination_result judge(std::size_t i, std::int32_t attempt, const http::response_summary& r) {
         const attempt_report report{r.transport_error, r.status, r.error, r.retry_after, r.body_excerpt};
-        const auto outcome = classify_attempt(report, ref.attempt, opts_.retry, unit_(rng_),
-                                              std::chrono::system_clock::now());
-        const auto id = fmt::format("{}", ref.id);
-        switch (outcome.what) {
+        return {i,
+                classify_attempt(report, attempt, cfg_.destinations[i].retry, unit_(rng_),
+                                 std::chrono::system_clock::now()),
+                r.transport_error ? std::nullopt : std::optional<int>(static_cast<int>(r.status)), r.body_excerpt};
+    }
+
+    void log_result(std::int64_t id, const destination_result& res, std::int32_t attempt, std::size_t us) {
+        const auto& name = cfg_.destinations[res.destination].name;
+        const auto event_id = fmt::format("{}", id);
+        switch (res.outcome.what) {
             case delivery_outcome::kind::delivered:
-                log::debug("delivered", {{"event_id", id}, {"status", fmt::format("{}", r.status)},
-                                         {"us", fmt::format("{}", r.elapsed.count())}});
-                pending_.delivered.push_back(ref);
-                pending_.unblocks_key = pending_.unblocks_key || keyed;
+                log::debug("delivered", {{"event_id", event_id}, {"destination", name}, {"us", fmt::format("{}", us)}});
                 break;
             case delivery_outcome::kind::retry:
                 log::warn("delivery failed; will retry",
-                          {{"event_id", id}, {"attempt", fmt::format("{}", ref.attempt)},
-                           {"retry_in", format_duration(outcome.retry_in)}, {"error", outcome.error}});
-                pending_.retries.push_back({ref, outcome.retry_in, outcome.error});
+                          {{"event_id", event_id}, {"destination", name}, {"attempt", fmt::format("{}", attempt)},
+                           {"retry_in", format_duration(res.outcome.retry_in)}, {"error", res.outcome.error}});
                 break;
             case delivery_outcome::kind::dead:
                 log::error("delivery failed for good; moving to dead letters",
-                           {{"event_id", id}, {"attempt", fmt::format("{}", ref.attempt)}, {"error", outcome.error}});
-                pending_.unblocks_key = pending_.unblocks_key || keyed;
-                pending_.dead.push_back({ref, outcome.error,
-                                         r.transport_error ? std::nullopt : std::optional<int>(static_cast<int>(r.status)),
-                                         r.body_excerpt});
+                           {{"event_id", event_id}, {"destination", name}, {"attempt", fmt::format("{}", attempt)},
+                            {"error", res.outcome.error}});
                 break;
         }
-        flush_outcomes();
-        start_claim(dispatch_.on_delivery_finished());
-        maybe_finish();
+    }
+
+    // One destination answered for an event sent straight from `events`.
+    void on_event_result(event_in_flight& state, std::size_t i, const http::response_summary& r) {
+        auto res = judge(i, state.ref.attempt, r);
+        log_result(state.ref.id, res, state.ref.attempt, static_cast<std::size_t>(r.elapsed.count()));
+        if (res.outcome.what != delivery_outcome::kind::delivered) state.failures.push_back(std::move(res));
+        if (--state.waiting > 0) return;
+        if (state.failures.empty()) {
+            pending_.delivered.push_back(state.ref);
+        } else {
+            // From here each failed destination keeps its own schedule; the
+            // ones that accepted the event are done with it for good.
+            fan_out_item item{state.ref, {}, {}};
+            for (const auto& f : state.failures) {
+                const auto& name = cfg_.destinations[f.destination].name;
+                if (f.outcome.what == delivery_outcome::kind::retry) {
+                    item.owed.push_back({name, f.outcome.retry_in, state.ref.attempt, f.outcome.error});
+                } else {
+                    item.dead.push_back({name, state.ref.attempt, f.outcome.error, f.status, f.excerpt});
+                }
+            }
+            arm_retry(item.owed);
+            pending_.fan_outs.push_back(std::move(item));
+        }
+        pending_.unblocks_key = pending_.unblocks_key || state.keyed;
+        finished();
+    }
+
+    // One destination's delivery of a fanned-out event.
+    void deliver_owed(event e, request_headers_result built, std::int64_t unix_now) {
+        const pg::delivery_ref ref{e.id, *e.destination, e.attempt};
+        const bool keyed = e.ordering_key.has_value();
+        const auto it = std::find_if(cfg_.destinations.begin(), cfg_.destinations.end(),
+                                     [&](const destination_config& d) { return d.name == *e.destination; });
+        if (built.error || it == cfg_.destinations.end()) {
+            const auto why = built.error ? *built.error
+                                         : fmt::format("destination {} is not in this relay's configuration",
+                                                       *e.destination);
+            const auto outcome = classify_attempt({true, 0, why, {}, {}}, e.attempt, fallback_retry_, unit_(rng_),
+                                                  std::chrono::system_clock::now());
+            record_owed(ref, keyed, {0, outcome, std::nullopt, {}});
+            log::warn("delivery cannot be sent", {{"event_id", fmt::format("{}", e.id)},
+                                                  {"destination", *e.destination}, {"error", why}});
+            finished();
+            return;
+        }
+        const auto i = static_cast<std::size_t>(it - cfg_.destinations.begin());
+        send(i, e, std::move(built.headers), unix_now, [this, ref, keyed, i](const http::response_summary& r) {
+            auto res = judge(i, ref.attempt, r);
+            log_result(ref.id, res, ref.attempt, static_cast<std::size_t>(r.elapsed.count()));
+            record_owed(ref, keyed, std::move(res));
+            finished();
+        });
+    }
+
+    void record_owed(const pg::delivery_ref& ref, bool keyed, destination_result res) {
+        switch (res.outcome.what) {
+            case delivery_outcome::kind::delivered:
+                pending_.deliveries.delivered.push_back(ref);
+                pending_.unblocks_key = pending_.unblocks_key || keyed;
+                break;
+            case delivery_outcome::kind::retry:
+                arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(res.outcome.retry_in),
+                                                res.outcome.retry_in);
+                pending_.deliveries.retries.push_back({ref, res.outcome.retry_in, res.outcome.error});
+                break;
+            case delivery_outcome::kind::dead:
+                pending_.deliveries.dead.push_back({ref, res.outcome.error, res.status, res.excerpt});
+                pending_.unblocks_key = pending_.unblocks_key || keyed;
+                break;
+        }
+    }
+
+    void arm_retry(const std::vector<pg::owed_delivery>& owed) {
+        for (const auto& o : owed) {
+            arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(o.due_in), o.due_in);
+        }
+    }
+
+    // No route matches the topic. Not lost: the event stays in the outbox,
+    // retried on the usual schedule with the reason in last_error (shown by
+    // `outboxd status`), so a relay with a newer configuration picks it up;
+    // when the attempts run out it becomes a dead letter, to be replayed.
+    void unroutable(const event& e) {
+        const pg::lease_ref ref{e.id, e.attempt};
+        const auto why = fmt::format("no route matches topic '{}'", e.topic);
+        const auto outcome = classify_attempt({true, 0, why, {}, {}}, e.attempt, fallback_retry_, unit_(rng_),
+                                              std::chrono::system_clock::now());
+        log::warn("no route for event; it stays in the outbox",
+                  {{"event_id", fmt::format("{}", e.id)}, {"topic", e.topic}, {"attempt", fmt::format("{}", e.attempt)}});
+        if (outcome.what == delivery_outcome::kind::dead) {
+            pending_.dead.push_back({ref, outcome.error, std::nullopt, {}});
+            pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
+        } else {
+            arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(outcome.retry_in), outcome.retry_in);
+            pending_.retries.push_back({ref, outcome.retry_in, outcome.error});
+        }
+        finished();
     }
 
     // ---- recording outcomes --------------------------------------------
@@ -313,41 +511,39 @@ private:
         flushing_ = true;
         auto batch = std::make_shared<outcome_batch>(std::move(pending_));
         pending_ = {};
-        outcome_worker_.submit([this, batch](pg::store& store) {
+        auto retry_in = std::exchange(arm_due_after_flush_, std::nullopt);
+        outcome_worker_.submit([this, batch, retry_in](pg::store& store) {
             try {
                 const auto fenced = write_outcomes(store, *batch);
-                net::post(ioc_, [this, batch, fenced] { on_flushed(*batch, fenced); });
+                net::post(ioc_, [this, batch, fenced, retry_in] { on_flushed(*batch, fenced, retry_in); });
             } catch (const std::exception& e) {
-                net::post(ioc_, [this, batch, why = scrub_secrets(e.what(), opts_.dsn)] {
-                    on_flush_failed(std::move(*batch), why);
+                net::post(ioc_, [this, batch, retry_in, why = scrub_secrets(e.what(), opts_.dsn)] {
+                    on_flush_failed(std::move(*batch), retry_in, why);
                 });
             }
         });
     }
 
-    void on_flushed(const outcome_batch& batch, std::size_t fenced) {
+    void on_flushed(const outcome_batch& batch, std::size_t fenced, std::optional<milliseconds> retry_in) {
         flushing_ = false;
         flush_backoff_.reset();
         if (fenced > 0) {
             log::warn("lease lost before the outcome was recorded; the event's new holder delivers it again",
-                      {{"events", fmt::format("{}", fenced)}});
+                      {{"outcomes", fmt::format("{}", fenced)}});
         }
-        if (!batch.retries.empty() && !dispatch_.stopping()) {
-            const auto soonest = std::min_element(batch.retries.begin(), batch.retries.end(),
-                                                  [](const auto& a, const auto& b) { return a.delay < b.delay; });
-            arm_due(soonest->delay, false);
-        }
-        // A keyed event left the table: the next event of its key may be due.
+        if (retry_in && !dispatch_.stopping()) arm_due(*retry_in, false);
+        // A keyed event finished: the next event of its key may be due.
         start_claim(dispatch_.on_outcomes_recorded(batch.unblocks_key));
         flush_outcomes();
         maybe_finish();
     }
 
-    void on_flush_failed(outcome_batch batch, const std::string& why) {
+    void on_flush_failed(outcome_batch batch, std::optional<milliseconds> retry_in, const std::string& why) {
         flushing_ = false;
         // Keep them: outcomes are fenced and idempotent, writing them again is safe.
         batch.append(std::move(pending_));
         pending_ = std::move(batch);
+        if (retry_in) arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(*retry_in), *retry_in);
         const auto delay = flush_backoff_.next();
         log::warn("recording outcomes failed; retrying", {{"error", why}, {"retry_in", format_duration(delay)}});
         flush_retry_timer_.expires_after(delay);
@@ -369,14 +565,14 @@ private:
         }
         log::info("shutting down: no new claims, finishing in-flight deliveries",
                   {{"signal", fmt::format("{}", sig)}, {"in_flight", fmt::format("{}", dispatch_.in_flight())},
-                   {"timeout", format_duration(opts_.shutdown_timeout)}});
+                   {"timeout", format_duration(cfg_.shutdown_timeout)}});
         dispatch_.on_stop();
         listener_.stop();
         sweep_timer_.cancel();
         due_timer_.cancel();
         claim_retry_timer_.cancel();
         signals_.async_wait([this](const boost::system::error_code& e, int s) { on_signal(e, s); });
-        shutdown_timer_.expires_after(opts_.shutdown_timeout);
+        shutdown_timer_.expires_after(cfg_.shutdown_timeout);
         shutdown_timer_.async_wait([this](const boost::system::error_code& e) {
             if (e) return;
             log::warn("shutdown timeout: releasing deliveries still in flight",
@@ -397,7 +593,7 @@ private:
         finishing_ = true;
         shutdown_timer_.cancel();
         flush_retry_timer_.cancel();
-        client_.close();
+        for (auto& s : sinks_) s->close();
         auto batch = std::make_shared<outcome_batch>(std::move(pending_));
         pending_ = {};
         outcome_worker_.submit([this, batch](pg::store& store) {
@@ -424,6 +620,11 @@ private:
     }
 
     relay_options opts_;
+    const config& cfg_;
+    route_table routes_;
+    // For what no destination's policy covers: unroutable events, deliveries
+    // to a destination this relay does not know.
+    retry_policy fallback_retry_;
     net::io_context ioc_;
     // Claims and outcome writes run on connections (and threads) of their
     // own, so a claim never queues behind a batch of acknowledgements.
@@ -432,7 +633,7 @@ private:
     pg::store outcome_store_;
     store_worker outcome_worker_;
     pg::listener listener_;
-    http::webhook_client client_;
+    std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
     dispatcher dispatch_;
     net::signal_set signals_;
     net::steady_timer sweep_timer_;
@@ -444,6 +645,9 @@ private:
     bool flushing_ = false;
     bool finishing_ = false;
     outcome_batch pending_;
+    // The soonest retry among pending_: the due timer is armed for it once
+    // the retry is recorded (not before: an early claim would find nothing).
+    std::optional<milliseconds> arm_due_after_flush_;
     db_backoff claim_backoff_;
     db_backoff flush_backoff_;
     std::mt19937_64 rng_;

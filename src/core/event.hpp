@@ -20,6 +20,14 @@ struct event {
     // attempts after this claim; also the fencing token: an outcome is only
     // recorded while the row still carries this value and our lease.
     std::int32_t attempt = 0;
+    // Set when this claim is one destination's delivery of a fanned-out event
+    // (sql/0002): it goes to that destination only, and `attempt` counts the
+    // attempts there. Unset: the event goes to every destination its topic
+    // routes to.
+    std::optional<std::string> destination;
+    // The event's key still has deliveries waiting at some destination: it
+    // must queue behind them (be fanned out), not be sent straight away.
+    bool key_pending = false;
 };
 
 }  // namespace outboxd

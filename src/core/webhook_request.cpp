@@ -69,4 +69,13 @@ request_headers_result build_request_headers(const event& e, std::int64_t unix_s
     return out;
 }
 
+void add_destination_headers(header_list& headers, const header_list& destination_headers) {
+    for (const auto& [name, value] : destination_headers) {
+        const auto key = lower(name);
+        if (reserved(key)) continue;
+        std::erase_if(headers, [&](const auto& h) { return lower(h.first) == key; });
+        headers.emplace_back(name, value);
+    }
+}
+
 }  // namespace outboxd

@@ -24,4 +24,10 @@ struct request_headers_result {
 
 [[nodiscard]] request_headers_result build_request_headers(const event& e, std::int64_t unix_seconds);
 
+// Adds a destination's static headers (operator configuration, e.g. an
+// Authorization token) to headers built above: they replace event headers of
+// the same name (case-insensitively); protocol and framing headers are never
+// replaced (configuration refuses them; skipped here too).
+void add_destination_headers(header_list& headers, const header_list& destination_headers);
+
 }  // namespace outboxd

@@ -41,6 +41,7 @@ std::vector<dead_letter> list_dead(pqxx::connection& conn, const std::string& sc
         d.created_at = row[7].c_str();
         d.died_at = row[8].c_str();
         d.payload = row[9].c_str();
+        if (!row[10].is_null()) d.destination = row[10].c_str();
         out.push_back(std::move(d));
     }
     return out;
@@ -73,7 +74,8 @@ std::vector<topic_status> outbox_status(pqxx::connection& conn, const std::strin
     std::vector<topic_status> out;
     for (const auto& row : tx.exec(q.sql("status"))) {
         out.push_back({row[0].c_str(), row[1].as<std::int64_t>(), row[2].as<std::int64_t>(),
-                       row[3].as<std::int64_t>(), row[4].as<double>(), row[5].as<std::int64_t>()});
+                       row[3].as<std::int64_t>(), row[4].as<double>(), row[5].as<std::int64_t>(),
+                       row[6].is_null() ? std::nullopt : std::optional<std::string>(row[6].c_str())});
     }
     return out;
 }

@@ -29,6 +29,9 @@ struct dead_letter {
     std::string created_at;  // ISO 8601, as PostgreSQL prints it
     std::string died_at;
     std::string payload;     // JSON text
+    // The destination that gave up on the event; nullopt for a whole event
+    // (it could not be sent at all, or no route matched its topic).
+    std::optional<std::string> destination;
 };
 
 struct topic_status {
@@ -38,6 +41,9 @@ struct topic_status {
     std::int64_t retrying = 0;   // failed at least once, waiting for the next attempt
     double oldest_seconds = 0;   // age of the oldest pending event
     std::int64_t dead = 0;
+    // The newest error among the topic's waiting events (for a destination's
+    // delivery: "destination: error"), e.g. that no route matches the topic.
+    std::optional<std::string> last_error;
 };
 
 [[nodiscard]] std::vector<dead_letter> list_dead(pqxx::connection& conn, const std::string& schema,

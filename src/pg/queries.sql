@@ -34,24 +34,64 @@ SELECT coalesce(max(version), 0) FROM :"schema".schema_migrations;
 INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 
 -- name: claim
--- Picks due events and stamps our lease in one short statement; no
--- transaction stays open while events are delivered.
--- An event with an ordering key is due only while no earlier event of its key
--- is still in the table (in flight, waiting for a retry, or not yet due) and
--- no other event of its key is leased (a replayed dead letter has an older id
--- than events of its key that may be out already). So a key never has two
--- events out at once, across any number of relays.
+-- Picks what is due and stamps our lease in one short statement; no
+-- transaction stays open while events are delivered. Two kinds of work come
+-- back, at most $1 rows in all:
+--   * deliveries (destination set): one destination's share of a fanned-out
+--     event (see sql/0002), due again after a failure there;
+--   * events (destination NULL): sent straight to every destination their
+--     topic routes to. key_pending says that the event's key still has
+--     deliveries waiting somewhere: then the relay fans the event out
+--     instead, so that it queues behind them at each destination.
+-- Per-key order: an event with an ordering key is due only while no earlier
+-- event of its key is still waiting in the table (in flight, waiting for a
+-- retry, or not yet due; fanned-out ones wait in `deliveries` instead) and no
+-- other event of its key is leased (a replayed dead letter has an older id
+-- than events of its key that may be out already). A delivery is due only
+-- while the same holds for its key at its destination, and no earlier event
+-- of its key waits to be sent. So a key never has two events out at once at
+-- any destination, across any number of relays.
 -- $1 = how many (free delivery slots), $2 = lease owner, $3 = lease in ms.
-WITH due AS (
+WITH due_deliveries AS (
+    SELECT d.event_id, d.destination
+    FROM :"schema".deliveries d
+    WHERE d.available_at <= now()
+      AND (d.ordering_key IS NULL OR (
+              NOT EXISTS (
+                  SELECT 1 FROM :"schema".deliveries other
+                  WHERE other.ordering_key = d.ordering_key
+                    AND other.destination = d.destination
+                    AND (other.event_id < d.event_id
+                         OR (other.lease_owner IS NOT NULL AND other.available_at > now())))
+              AND NOT EXISTS (
+                  SELECT 1 FROM :"schema".events earlier
+                  WHERE earlier.ordering_key = d.ordering_key
+                    AND earlier.id < d.event_id
+                    AND NOT earlier.fanned_out)))
+    ORDER BY d.available_at, d.event_id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+claimed_deliveries AS (
+    UPDATE :"schema".deliveries d
+    SET attempts = d.attempts + 1,
+        lease_owner = $2,
+        available_at = now() + $3 * interval '1 millisecond'
+    FROM due_deliveries due
+    WHERE d.event_id = due.event_id AND d.destination = due.destination
+    RETURNING d.event_id, d.destination, d.attempts
+),
+due AS (
     SELECT e.id
     FROM :"schema".events e
     WHERE e.available_at <= now()
       AND (e.ordering_key IS NULL OR NOT EXISTS (
               SELECT 1 FROM :"schema".events other
               WHERE other.ordering_key = e.ordering_key
+                AND NOT other.fanned_out
                 AND (other.id < e.id OR (other.lease_owner IS NOT NULL AND other.available_at > now()))))
     ORDER BY e.available_at, e.id
-    LIMIT $1
+    LIMIT greatest($1 - (SELECT count(*) FROM claimed_deliveries), 0)
     FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
@@ -61,19 +101,28 @@ claimed AS (
         available_at = now() + $3 * interval '1 millisecond'
     FROM due
     WHERE e.id = due.id
-    RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts
+    RETURNING e.id, e.topic, e.ordering_key, e.payload, e.headers, e.attempts
 )
-SELECT id, topic, ordering_key, payload, headers, attempts, NULL::bigint
-FROM claimed
+SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, cd.attempts, cd.destination,
+       false, NULL::bigint
+FROM claimed_deliveries cd JOIN :"schema".events e ON e.id = cd.event_id
 UNION ALL
--- One more row: milliseconds until the earliest event that is not due yet (a
+SELECT c.id, c.topic, c.ordering_key, c.payload::text, c.headers::text, c.attempts, NULL,
+       c.ordering_key IS NOT NULL AND EXISTS (
+           SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key),
+       NULL
+FROM claimed c
+UNION ALL
+-- One more row: milliseconds until the earliest work that is not due yet (a
 -- retry, a delayed event, a lease expiring), or NULL. Computed in the same
--- statement, with the same now() and snapshot as the claim, so no event can
+-- statement, with the same now() and snapshot as the claim, so nothing can
 -- fall due in a gap between "claim what is due" and "when is the next one".
-SELECT NULL, NULL, NULL, NULL, NULL, NULL,
-       (SELECT ceil(extract(epoch FROM (min(available_at) - now())) * 1000)::bigint
-        FROM :"schema".events
-        WHERE available_at > now());
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       ceil(extract(epoch FROM (least(
+           (SELECT min(available_at) FROM :"schema".events
+            WHERE available_at > now() AND available_at < 'infinity'),
+           (SELECT min(available_at) FROM :"schema".deliveries WHERE available_at > now()))
+       - now())) * 1000)::bigint;
 
 -- name: complete
 -- Delivered: the events leave the hot table. Fenced: only rows that still
@@ -111,10 +160,105 @@ RETURNING id;
 -- name: release
 -- Graceful shutdown: hand back what we hold but could not finish, due now,
 -- so another relay (or our successor) picks it up without waiting for the lease.
+WITH events_released AS (
+    UPDATE :"schema".events
+    SET available_at = now(), lease_owner = NULL
+    WHERE lease_owner = $1
+    RETURNING id
+), deliveries_released AS (
+    UPDATE :"schema".deliveries
+    SET available_at = now(), lease_owner = NULL
+    WHERE lease_owner = $1
+    RETURNING event_id
+)
+SELECT id FROM events_released
+UNION ALL
+SELECT event_id FROM deliveries_released;
+
+-- name: fan_out
+-- Some destination failed (or the event's key has deliveries waiting): park
+-- the event and let each destination it still owes carry its own state from
+-- here. Fenced like `complete`; the rows to write follow in
+-- fan_out_deliveries and fan_out_dead, in the same transaction.
+-- $1 = id, $2 = attempt, $3 = lease owner.
 UPDATE :"schema".events
-SET available_at = now(), lease_owner = NULL
-WHERE lease_owner = $1
+SET fanned_out = true, available_at = 'infinity', lease_owner = NULL
+WHERE id = $1 AND attempts = $2 AND lease_owner = $3
 RETURNING id;
+
+-- name: fan_out_deliveries
+-- $1 = event id; parallel arrays: $2 destinations, $3 due in ms, $4 attempts
+-- made there so far, $5 last error there (NULL if none yet).
+INSERT INTO :"schema".deliveries (event_id, destination, ordering_key, available_at, attempts, last_error)
+SELECT e.id, d.destination, e.ordering_key, now() + d.due_ms * interval '1 millisecond', d.attempts, d.error
+FROM :"schema".events e,
+     unnest($2::text[], $3::bigint[], $4::integer[], $5::text[]) AS d(destination, due_ms, attempts, error)
+WHERE e.id = $1
+ON CONFLICT (event_id, destination) DO NOTHING;
+
+-- name: fan_out_dead
+-- One destination's delivery of event $1 failed for good.
+-- $2 = destination, $3 = attempts there, $4 = error, $5 = HTTP status or NULL,
+-- $6 = response excerpt.
+INSERT INTO :"schema".dead_letters
+    (id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
+     last_error, last_status, response_excerpt, destination)
+SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, $3, $4, $5, $6, $2
+FROM :"schema".events
+WHERE id = $1
+ON CONFLICT DO NOTHING;
+
+-- name: lock_events
+-- Taken (in id order, so two relays cannot deadlock) before finishing
+-- deliveries of these events: the relay that finishes the last delivery of
+-- an event is then sure to see that it was the last, and deletes the event.
+SELECT id FROM :"schema".events WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE;
+
+-- name: complete_deliveries
+-- Delivered to one destination each. Fenced on lease owner and attempt.
+-- $1 = event ids, $2 = destinations, $3 = attempts (parallel), $4 = lease owner.
+DELETE FROM :"schema".deliveries d
+USING unnest($1::bigint[], $2::text[], $3::integer[]) AS done(id, destination, attempt)
+WHERE d.event_id = done.id AND d.destination = done.destination
+  AND d.attempts = done.attempt AND d.lease_owner = $4
+RETURNING d.event_id;
+
+-- name: reschedule_delivery
+-- $1 = event id, $2 = destination, $3 = attempt, $4 = lease owner,
+-- $5 = retry in ms, $6 = error. Fenced.
+UPDATE :"schema".deliveries
+SET available_at = now() + $5 * interval '1 millisecond',
+    last_error = $6,
+    lease_owner = NULL
+WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
+RETURNING event_id;
+
+-- name: bury_delivery
+-- One destination's delivery failed for good: a dead letter naming that
+-- destination. Fenced. $1..$4 as reschedule_delivery, $5 = error,
+-- $6 = HTTP status or NULL, $7 = response excerpt.
+WITH gone AS (
+    DELETE FROM :"schema".deliveries
+    WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
+    RETURNING event_id, destination, attempts
+), buried AS (
+    INSERT INTO :"schema".dead_letters
+        (id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
+         last_error, last_status, response_excerpt, destination)
+    SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers, e.idempotency_key, e.created_at,
+           gone.attempts, $5, $6, $7, gone.destination
+    FROM gone JOIN :"schema".events e ON e.id = gone.event_id
+    ON CONFLICT DO NOTHING
+)
+SELECT event_id FROM gone;
+
+-- name: delete_finished_events
+-- Fanned-out events whose last delivery is done. $1 = event ids.
+DELETE FROM :"schema".events e
+WHERE e.id = ANY($1::bigint[])
+  AND e.fanned_out
+  AND NOT EXISTS (SELECT 1 FROM :"schema".deliveries d WHERE d.event_id = e.id)
+RETURNING e.id;
 
 -- name: enqueue
 SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval '1 millisecond');
@@ -123,30 +267,44 @@ SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval
 -- $1 = topic or NULL, $2 = only those that died more than $2 ms ago (or NULL),
 -- $3 = limit. Oldest first.
 SELECT id, topic, ordering_key, attempts, last_status, last_error, response_excerpt,
-       created_at, died_at, payload::text
+       created_at, died_at, payload::text, destination
 FROM :"schema".dead_letters
 WHERE ($1::text IS NULL OR topic = $1)
   AND ($2::bigint IS NULL OR died_at < now() - $2 * interval '1 millisecond')
-ORDER BY id
+ORDER BY id, destination
 LIMIT $3;
 
 -- name: dead_replay
 -- Moves dead letters back into the outbox under their original id (consumers
--- still recognise a replayed event), due now, attempts from zero.
+-- still recognise a replayed event), due now, attempts from zero. A whole
+-- event (destination NULL) is routed again; one destination's dead delivery
+-- goes to that destination only (its event row is parked as fanned out, or
+-- is still there because other destinations still owe it).
 -- $1 = one id or NULL, $2 = topic or NULL, $3 = older than $3 ms or NULL.
 WITH revived AS (
     DELETE FROM :"schema".dead_letters
     WHERE ($1::bigint IS NULL OR id = $1)
       AND ($2::text IS NULL OR topic = $2)
       AND ($3::bigint IS NULL OR died_at < now() - $3 * interval '1 millisecond')
-    RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, last_error
+    RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, last_error, destination
+), whole AS (
+    INSERT INTO :"schema".events
+        (id, topic, ordering_key, payload, headers, idempotency_key, created_at, available_at, attempts,
+         last_error, fanned_out)
+    OVERRIDING SYSTEM VALUE
+    SELECT DISTINCT ON (id) id, topic, ordering_key, payload, headers, idempotency_key, created_at,
+           CASE WHEN destination IS NULL THEN now() ELSE 'infinity' END, 0, last_error, destination IS NOT NULL
+    FROM revived
+    ORDER BY id, destination NULLS FIRST
+    ON CONFLICT (id) DO NOTHING
+), owed AS (
+    INSERT INTO :"schema".deliveries (event_id, destination, ordering_key, available_at, attempts, last_error)
+    SELECT id, destination, ordering_key, now(), 0, last_error
+    FROM revived
+    WHERE destination IS NOT NULL
+    ON CONFLICT (event_id, destination) DO NOTHING
 )
-INSERT INTO :"schema".events
-    (id, topic, ordering_key, payload, headers, idempotency_key, created_at, available_at, attempts, last_error)
-OVERRIDING SYSTEM VALUE
-SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, now(), 0, last_error
-FROM revived
-RETURNING id;
+SELECT DISTINCT id FROM revived ORDER BY id;
 
 -- name: dead_purge
 -- $1 = older than $1 ms, $2 = topic or NULL.
@@ -156,18 +314,32 @@ WHERE died_at < now() - $1 * interval '1 millisecond'
 RETURNING id;
 
 -- name: status
--- Per topic: what waits in the outbox and what died. For `outboxd status`.
+-- Per topic: what waits in the outbox and what died, with the latest error
+-- (which says, for instance, that no route matches the topic). For
+-- `outboxd status`.
 WITH live AS (
     SELECT topic,
            count(*) AS pending,
            count(*) FILTER (WHERE lease_owner IS NOT NULL) AS in_flight,
-           count(*) FILTER (WHERE lease_owner IS NULL AND attempts > 0) AS retrying,
+           count(*) FILTER (WHERE fanned_out OR (lease_owner IS NULL AND attempts > 0)) AS retrying,
            extract(epoch FROM now() - min(created_at)) AS oldest_seconds
     FROM :"schema".events GROUP BY topic
+), errors AS (
+    SELECT DISTINCT ON (topic) topic, last_error
+    FROM (
+        SELECT e.topic, e.id, e.last_error FROM :"schema".events e
+        WHERE e.last_error IS NOT NULL AND NOT e.fanned_out
+        UNION ALL
+        SELECT e.topic, e.id, d.destination || ': ' || d.last_error
+        FROM :"schema".deliveries d JOIN :"schema".events e ON e.id = d.event_id
+        WHERE d.last_error IS NOT NULL
+    ) failing
+    ORDER BY topic, id DESC
 ), dead AS (
     SELECT topic, count(*) AS dead FROM :"schema".dead_letters GROUP BY topic
 )
 SELECT coalesce(live.topic, dead.topic), coalesce(pending, 0), coalesce(in_flight, 0),
-       coalesce(retrying, 0), coalesce(oldest_seconds, 0)::float8, coalesce(dead, 0)
+       coalesce(retrying, 0), coalesce(oldest_seconds, 0)::float8, coalesce(dead, 0), errors.last_error
 FROM live FULL JOIN dead ON dead.topic = live.topic
+LEFT JOIN errors ON errors.topic = live.topic
 ORDER BY 1;

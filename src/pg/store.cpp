@@ -25,15 +25,45 @@ header_list parse_headers(const char* json_text) {
     return out;
 }
 
-template <typename T>
-std::string array_literal(std::span<const lease_ref> refs, T lease_ref::*member) {
+// A PostgreSQL array literal ({1,2,3}) of what `field` gives for each item.
+template <typename Items, typename Field>
+std::string number_array(const Items& items, Field field) {
     std::string out = "{";
-    for (std::size_t i = 0; i < refs.size(); ++i) {
-        if (i) out.push_back(',');
-        out += fmt::format("{}", refs[i].*member);
+    for (const auto& item : items) {
+        if (out.size() > 1) out.push_back(',');
+        out += fmt::format("{}", field(item));
     }
     out.push_back('}');
     return out;
+}
+
+// A text[] literal: every element double-quoted with " and \ escaped;
+// nullopt becomes NULL.
+template <typename Items, typename Field>
+std::string text_array(const Items& items, Field field) {
+    std::string out = "{";
+    bool first = true;
+    for (const auto& item : items) {
+        if (!first) out.push_back(',');
+        first = false;
+        const std::optional<std::string> value = field(item);
+        if (!value) {
+            out += "NULL";
+            continue;
+        }
+        out.push_back('"');
+        for (const char ch : *value) {
+            if (ch == '"' || ch == '\\') out.push_back('\\');
+            out.push_back(ch);
+        }
+        out.push_back('"');
+    }
+    out.push_back('}');
+    return out;
+}
+
+std::optional<std::string> status_text(std::optional<int> status) {
+    return status ? std::optional<std::string>(fmt::format("{}", *status)) : std::nullopt;
 }
 
 }  // namespace
@@ -54,7 +84,9 @@ void store::connect() {
         pqxx::nontransaction tx(*c);
         tx.exec("SET synchronous_commit = off");  // see the constructor's comment
     }
-    queries_.prepare(*c, {"claim", "complete", "reschedule", "bury", "release", "enqueue"});
+    queries_.prepare(*c, {"claim", "complete", "reschedule", "bury", "release", "enqueue", "fan_out",
+                          "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
+                          "reschedule_delivery", "bury_delivery", "delete_finished_events"});
     conn_ = std::move(c);
 }
 
@@ -92,8 +124,8 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease) {
         out.events.reserve(r.size());
         for (const auto& row : r) {
             if (row[0].is_null()) {  // the next-due row (always last)
-                if (!row[6].is_null()) {
-                    out.next_due = std::chrono::milliseconds(std::max<long long>(0, row[6].as<long long>()));
+                if (!row[8].is_null()) {
+                    out.next_due = std::chrono::milliseconds(std::max<long long>(0, row[8].as<long long>()));
                 }
                 continue;
             }
@@ -104,6 +136,8 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease) {
             e.payload.assign(row[3].c_str(), row[3].size());
             e.headers = parse_headers(row[4].c_str());
             e.attempt = row[5].as<std::int32_t>();
+            if (!row[6].is_null()) e.destination = std::string(row[6].c_str(), row[6].size());
+            e.key_pending = row[7].as<bool>();
             out.events.push_back(std::move(e));
         }
         return out;
@@ -114,8 +148,8 @@ std::vector<std::int64_t> store::complete(std::span<const lease_ref> delivered) 
     if (delivered.empty()) return {};
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        const auto r = tx.exec_prepared("complete", array_literal(delivered, &lease_ref::id),
-                                        array_literal(delivered, &lease_ref::attempt), owner_);
+        const auto r = tx.exec_prepared("complete", number_array(delivered, [](const lease_ref& d) { return d.id; }),
+                                        number_array(delivered, [](const lease_ref& d) { return d.attempt; }), owner_);
         std::vector<std::int64_t> ids;
         ids.reserve(r.size());
         for (const auto& row : r) ids.push_back(row[0].as<std::int64_t>());
@@ -136,11 +170,74 @@ bool store::reschedule(lease_ref e, std::chrono::milliseconds delay, std::string
 bool store::bury(lease_ref e, std::string_view error, std::optional<int> status, std::string_view response_excerpt) {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        const std::optional<std::string> status_text =
-            status ? std::optional<std::string>(fmt::format("{}", *status)) : std::nullopt;
+        const auto status_param = status_text(status);
         const auto r = tx.exec_prepared("bury", e.id, e.attempt, owner_, sanitize_text(error, max_error_bytes),
-                                        nullable(status_text), sanitize_text(response_excerpt, max_error_bytes));
+                                        nullable(status_param), sanitize_text(response_excerpt, max_error_bytes));
         return r.size() == 1;
+    });
+}
+
+bool store::fan_out(lease_ref e, std::span<const owed_delivery> owed, std::span<const dead_delivery> dead) {
+    return guarded([&](pqxx::connection& c) {
+        pqxx::work tx(c);
+        if (tx.exec_prepared("fan_out", e.id, e.attempt, owner_).empty()) return false;  // fenced out
+        if (!owed.empty()) {
+            tx.exec_prepared("fan_out_deliveries", e.id,
+                             text_array(owed, [](const owed_delivery& o) { return std::optional(o.destination); }),
+                             number_array(owed, [](const owed_delivery& o) { return o.due_in.count(); }),
+                             number_array(owed, [](const owed_delivery& o) { return o.attempts; }),
+                             text_array(owed, [](const owed_delivery& o) {
+                                 return o.error ? std::optional(sanitize_text(*o.error, max_error_bytes))
+                                                : std::nullopt;
+                             }));
+        }
+        for (const auto& d : dead) {
+            const auto status_param = status_text(d.status);
+            tx.exec_prepared("fan_out_dead", e.id, d.destination, d.attempts, sanitize_text(d.error, max_error_bytes),
+                             nullable(status_param), sanitize_text(d.response_excerpt, max_error_bytes));
+        }
+        // Nothing owed any more (all delivered or dead): the event is done.
+        tx.exec_prepared("delete_finished_events", fmt::format("{{{}}}", e.id));
+        tx.commit();
+        return true;
+    });
+}
+
+std::size_t store::finish_deliveries(const delivery_outcomes& outcomes) {
+    if (outcomes.empty()) return 0;
+    return guarded([&](pqxx::connection& c) {
+        std::vector<std::int64_t> finishing;  // events that may have lost their last delivery
+        for (const auto& d : outcomes.delivered) finishing.push_back(d.id);
+        for (const auto& d : outcomes.dead) finishing.push_back(d.ref.id);
+        const auto ids = number_array(finishing, [](std::int64_t id) { return id; });
+
+        pqxx::work tx(c);
+        std::size_t recorded = 0;
+        if (!finishing.empty()) tx.exec_prepared("lock_events", ids);
+        if (!outcomes.delivered.empty()) {
+            const auto& done = outcomes.delivered;
+            recorded += tx.exec_prepared("complete_deliveries",
+                                         number_array(done, [](const delivery_ref& d) { return d.id; }),
+                                         text_array(done, [](const delivery_ref& d) { return std::optional(d.destination); }),
+                                         number_array(done, [](const delivery_ref& d) { return d.attempt; }), owner_)
+                            .size();
+        }
+        for (const auto& r : outcomes.retries) {
+            recorded += tx.exec_prepared("reschedule_delivery", r.ref.id, r.ref.destination, r.ref.attempt, owner_,
+                                         static_cast<long long>(r.delay.count()),
+                                         sanitize_text(r.error, max_error_bytes))
+                            .size();
+        }
+        for (const auto& d : outcomes.dead) {
+            const auto status_param = status_text(d.status);
+            recorded += tx.exec_prepared("bury_delivery", d.ref.id, d.ref.destination, d.ref.attempt, owner_,
+                                         sanitize_text(d.error, max_error_bytes), nullable(status_param),
+                                         sanitize_text(d.response_excerpt, max_error_bytes))
+                            .size();
+        }
+        if (!finishing.empty()) tx.exec_prepared("delete_finished_events", ids);
+        tx.commit();
+        return outcomes.delivered.size() + outcomes.retries.size() + outcomes.dead.size() - recorded;
     });
 }
 

@@ -30,6 +30,51 @@ struct lease_ref {
     std::int32_t attempt = 0;
 };
 
+// One destination's delivery of a fanned-out event, as claimed.
+struct delivery_ref {
+    std::int64_t id = 0;
+    std::string destination;
+    std::int32_t attempt = 0;
+};
+
+// A destination that still owes an event after a fan-out.
+struct owed_delivery {
+    std::string destination;
+    std::chrono::milliseconds due_in{0};
+    std::int32_t attempts = 0;          // made there so far
+    std::optional<std::string> error;   // the last one there, if any
+};
+
+// A destination that gave up on an event for good.
+struct dead_delivery {
+    std::string destination;
+    std::int32_t attempts = 0;
+    std::string error;
+    std::optional<int> status;
+    std::string response_excerpt;
+};
+
+struct delivery_retry {
+    delivery_ref ref;
+    std::chrono::milliseconds delay{0};
+    std::string error;
+};
+
+struct delivery_burial {
+    delivery_ref ref;
+    std::string error;
+    std::optional<int> status;
+    std::string response_excerpt;
+};
+
+// Outcomes of claimed deliveries, recorded together in one transaction.
+struct delivery_outcomes {
+    std::vector<delivery_ref> delivered;
+    std::vector<delivery_retry> retries;
+    std::vector<delivery_burial> dead;
+    [[nodiscard]] bool empty() const noexcept { return delivered.empty() && retries.empty() && dead.empty(); }
+};
+
 struct new_event {
     std::string topic;
     std::string payload;  // JSON text
@@ -79,7 +124,16 @@ public:
     [[nodiscard]] bool reschedule(lease_ref e, std::chrono::milliseconds delay, std::string_view error);
     [[nodiscard]] bool bury(lease_ref e, std::string_view error, std::optional<int> status,
                             std::string_view response_excerpt);
-    // Hands back every event we still hold, due now. Returns how many.
+    // Parks a claimed event and hands its remaining destinations their own
+    // delivery state: `owed` get a deliveries row each, `dead` a dead letter
+    // each; with nothing owed the event is finished and deleted. One
+    // transaction. False when the lease was no longer ours (nothing written).
+    [[nodiscard]] bool fan_out(lease_ref e, std::span<const owed_delivery> owed, std::span<const dead_delivery> dead);
+    // Records outcomes of claimed deliveries in one transaction and deletes
+    // events whose last delivery this was. Returns how many outcomes were
+    // fenced out (the lease was no longer ours).
+    [[nodiscard]] std::size_t finish_deliveries(const delivery_outcomes& outcomes);
+    // Hands back every event and delivery we still hold, due now. Returns how many.
     std::size_t release();
 
     [[nodiscard]] std::int64_t enqueue(const new_event& e);

@@ -402,6 +402,26 @@ class Db:
                           (event_id,))
         return rows[0] if rows else None
 
+    def deliveries(self, event_id: Optional[int] = None) -> list:
+        """Per-destination delivery state of fanned-out events (sql/0002)."""
+        if event_id is None:
+            return self.query("SELECT *, available_at <= now() AS due FROM {s}.deliveries "
+                              "ORDER BY event_id, destination")
+        return self.query("SELECT *, available_at <= now() AS due FROM {s}.deliveries "
+                          "WHERE event_id = %s ORDER BY destination", (event_id,))
+
+    def retry_state(self, event_id: int, destination: str = "default") -> Optional[dict]:
+        """Where a failing event's retry state lives: its delivery row for
+        ``destination`` once fanned out (after any failed attempt), else the
+        event row itself (never tried, in flight, or no route)."""
+        rows = self.query("SELECT d.attempts, d.last_error, d.lease_owner, d.available_at, "
+                          "d.available_at <= now() AS due FROM {s}.deliveries d "
+                          "WHERE d.event_id = %s AND d.destination = %s", (event_id, destination))
+        if rows:
+            return rows[0]
+        row = self.event(event_id)
+        return None if row is None or row["fanned_out"] else row
+
     def count_events(self) -> int:
         return self.scalar("SELECT count(*) FROM {s}.events")
 

@@ -401,10 +401,10 @@ def test_relay_whose_lease_expired_cannot_record_over_another_claim(db, relay):
 
         # B's 500 is recorded: attempts 2, no lease, due in about an hour.
         def rescheduled():
-            r = db.event(event_id)
+            r = db.retry_state(event_id)
             return r if r and r["attempts"] == 2 and r["lease_owner"] is None and r["last_error"] else None
         row_b = wait_until(rescheduled, 10)
-        assert row_b, f"B did not record its failure: {db.event(event_id)}"
+        assert row_b, f"B did not record its failure: {db.retry_state(event_id)}"
         assert "500" in row_b["last_error"], row_b
         assert not row_b["due"], row_b
         assert is_stopped(a.pid), "relay A woke up too early"
@@ -416,8 +416,9 @@ def test_relay_whose_lease_expired_cannot_record_over_another_claim(db, relay):
         assert delivered_in_log(a.log(), event_id), \
             f"relay A did not take the 200 as delivered (took another path); its log:\n{a.log()}"
 
-        row_after = db.event(event_id)
-        assert row_after is not None, "A's fenced-out DELETE removed the event B holds"
+        assert db.event(event_id) is not None, "A's fenced-out DELETE removed the event B holds"
+        row_after = db.retry_state(event_id)
+        assert row_after is not None, "A's fenced-out DELETE removed the delivery B recorded"
         for col in ("attempts", "lease_owner", "last_error", "available_at"):
             assert row_after[col] == row_b[col], (col, row_after[col], row_b[col])
         assert db.count_dead_letters() == 0

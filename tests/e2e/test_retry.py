@@ -25,8 +25,11 @@ def test_500s_are_retried_until_the_receiver_answers_200(db, relay):
     watch.autocommit = True
 
     def row_now(event_id):
+        # After a failed attempt the retry state lives in the event's
+        # delivery row for its destination (sql/0002).
         with watch.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
-            cur.execute(sql.SQL("SELECT attempts, last_error, lease_owner FROM {}.events WHERE id = %s")
+            cur.execute(sql.SQL("SELECT attempts, last_error, lease_owner FROM {}.deliveries "
+                                "WHERE event_id = %s AND destination = 'default'")
                         .format(sql.Identifier(db.schema)), (event_id,))
             return cur.fetchone()
 
@@ -71,7 +74,7 @@ def test_500s_are_retried_until_the_receiver_answers_200(db, relay):
         # 3 backoffs of <= 400 ms each plus overhead; far below the sweep.
         assert elapsed < 5, f"retries too slow: {elapsed:.2f}s"
 
-        # While it was failing, the row recorded the failures.
+        # While it was failing, its delivery row recorded the failures.
         assert not errors, errors
         assert [n for n, _ in seen_rows] == [2, 3, 4], seen_rows
         for n, row in seen_rows:

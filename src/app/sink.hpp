@@ -1,0 +1,37 @@
+#pragma once
+// Where a destination's deliveries go: a webhook endpoint (HTTP/HTTPS) or
+// stdout (one JSON line per event). Both report through the same
+// response_summary, so retries, dead letters and fencing work the same way.
+// Driven by the relay's io_context; callbacks run there.
+
+#include <utility>  // before Asio
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+
+#include "core/config.hpp"
+#include "core/event.hpp"
+#include "http/webhook_client.hpp"
+
+namespace outboxd::app {
+
+class sink {
+public:
+    virtual ~sink() = default;
+    // Sends `e` (its payload is the body) with `headers`; `done` runs once, on
+    // the io_context, never from inside send().
+    virtual void send(const event& e, header_list headers, std::function<void(http::response_summary)> done) = 0;
+    // No new sends; what is under way completes or fails promptly.
+    virtual void close() = 0;
+};
+
+// Throws std::invalid_argument for an endpoint or TLS setting the client
+// refuses (the message names it and never holds a secret).
+[[nodiscard]] std::unique_ptr<sink> make_webhook_sink(boost::asio::io_context& ioc, const destination_config& d,
+                                                      bool block_private_addresses);
+[[nodiscard]] std::unique_ptr<sink> make_stdout_sink(boost::asio::io_context& ioc);
+
+}  // namespace outboxd::app
