@@ -1,0 +1,262 @@
+// Per-destination delivery state (sql/0002) through pg::store: fan-out,
+// per-destination order, fencing, the last delivery deleting its event, and
+// replay of one destination's dead letter — against a real PostgreSQL.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+#include <pqxx/pqxx>
+
+#include "pg/dead_letters.hpp"
+#include "pg/migrator.hpp"
+#include "pg/store.hpp"
+#include "pg_fixture.hpp"
+
+using namespace outboxd;
+using namespace std::chrono_literals;
+using outboxd::testing::scalar;
+
+namespace {
+
+struct installed {
+    testing::scratch_schema schema{"fan"};
+    std::unique_ptr<pqxx::connection> admin = testing::connect();
+    installed() { (void)pg::migrate(*admin, schema.name()); }
+
+    [[nodiscard]] pg::store store(const std::string& owner) const {
+        return pg::store(testing::database_url(), schema.name(), owner);
+    }
+    std::string query(const std::string& sql_with_schema) {
+        return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
+    }
+};
+
+pg::new_event ev(std::optional<std::string> key = std::nullopt) {
+    pg::new_event e;
+    e.topic = "orders.created";
+    e.payload = R"({"n":1})";
+    e.ordering_key = std::move(key);
+    return e;
+}
+
+pg::owed_delivery owe(std::string destination, std::chrono::milliseconds due_in = 0ms, int attempts = 1) {
+    return {std::move(destination), due_in, attempts, std::string("HTTP 500")};
+}
+
+// What a claim returned, as "id@destination" (destination "*" for a whole event).
+std::vector<std::string> claimed(const std::vector<event>& events) {
+    std::vector<std::string> out;
+    for (const auto& e : events) out.push_back(fmt::format("{}@{}", e.id, e.destination.value_or("*")));
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+std::string at(std::int64_t id, const std::string& destination) { return fmt::format("{}@{}", id, destination); }
+
+}  // namespace
+
+TEST_CASE("fan-out parks the event and gives each owed destination a delivery of its own") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev());
+    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    // "hooks" accepted it; "audit" and "search" failed.
+    REQUIRE(s.fan_out({id, 1}, std::vector{owe("audit"), owe("search")}, {}));
+
+    CHECK(db.query("SELECT fanned_out FROM {s}.events") == "t");
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries WHERE attempts = 1 AND last_error = 'HTTP 500'") == "2");
+    const auto got = s.claim(10, 30s).events;
+    REQUIRE(claimed(got) == std::vector{at(id, "audit"), at(id, "search")});
+    for (const auto& e : got) {
+        CHECK(e.attempt == 2);  // attempts count per destination
+        CHECK(e.payload == R"({"n": 1})");
+    }
+    // The first delivery done leaves the event; the last one takes it along.
+    CHECK(s.finish_deliveries({{{id, "audit", 2}}, {}, {}}) == 0);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "1");
+    CHECK(s.finish_deliveries({{{id, "search", 2}}, {}, {}}) == 0);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries") == "0");
+}
+
+TEST_CASE("fan-out with nothing owed: dead destinations become dead letters and the event is done") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev());
+    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(s.fan_out({id, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410: gone", 410, "gone"}}));
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    CHECK(db.query("SELECT destination || ' ' || last_status || ' ' || attempts FROM {s}.dead_letters") ==
+          "audit 410 1");
+}
+
+TEST_CASE("fan-out is fenced: a stale lease writes nothing") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev());
+    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    auto other = db.store("b");
+    CHECK_FALSE(other.fan_out({id, 1}, std::vector{owe("audit")}, {}));  // not b's lease
+    CHECK_FALSE(s.fan_out({id, 7}, std::vector{owe("audit")}, {}));      // not this attempt
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries") == "0");
+    CHECK(db.query("SELECT fanned_out FROM {s}.events") == "f");
+}
+
+TEST_CASE("delivery outcomes are fenced on owner and attempt") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev());
+    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(s.fan_out({id, 1}, std::vector{owe("audit")}, {}));
+    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    auto other = db.store("b");
+    CHECK(other.finish_deliveries({{{id, "audit", 2}}, {}, {}}) == 1);
+    CHECK(s.finish_deliveries({{{id, "audit", 1}}, {}, {}}) == 1);
+    CHECK(s.finish_deliveries({{}, {{{id, "audit", 3}, 1s, "x"}}, {}}) == 1);
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries") == "1");
+    CHECK(s.finish_deliveries({{}, {}, {{{id, "audit", 2}, "HTTP 410", 410, ""}}}) == 0);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    CHECK(db.query("SELECT destination FROM {s}.dead_letters") == "audit");
+}
+
+TEST_CASE("a failing destination blocks its key there only; the other destination goes on in order") {
+    installed db;
+    auto s = db.store("a");
+    const auto e1 = s.enqueue(ev("k"));
+    const auto e2 = s.enqueue(ev("k"));
+    const auto e3 = s.enqueue(ev("k"));
+    REQUIRE(claimed(s.claim(10, 30s).events) == std::vector{at(e1, "*")});
+    // e1: "hooks" took it, "audit" failed and retries in an hour.
+    REQUIRE(s.fan_out({e1, 1}, std::vector{owe("audit", 1h)}, {}));
+
+    // e2 is claimable now, but its key has a delivery waiting: it says so,
+    // and the relay fans it out to queue behind e1 at each destination.
+    auto got = s.claim(10, 30s).events;
+    REQUIRE(claimed(got) == std::vector{at(e2, "*")});
+    CHECK(got[0].key_pending);
+    REQUIRE(s.fan_out({e2, 1}, std::vector{owe("hooks", 0ms, 0), owe("audit", 0ms, 0)}, {}));
+
+    // hooks: e2 goes (nothing earlier of k waits there); audit: e1 first.
+    got = s.claim(10, 30s).events;
+    REQUIRE(claimed(got) == std::vector{at(e2, "hooks"), at(e3, "*")});
+    CHECK(got[0].attempt == 1);
+    for (const auto& e : got) {
+        if (!e.destination) CHECK(e.key_pending);  // e3 too queues behind
+    }
+    REQUIRE(s.fan_out({e3, 1}, std::vector{owe("hooks", 0ms, 0), owe("audit", 0ms, 0)}, {}));
+    // e3@hooks waits for e2@hooks, which is in flight.
+    CHECK(s.claim(10, 30s).events.empty());
+    CHECK(s.finish_deliveries({{{e2, "hooks", 1}}, {}, {}}) == 0);
+    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(e3, "hooks")});
+    CHECK(s.finish_deliveries({{{e3, "hooks", 1}}, {}, {}}) == 0);
+    // audit still holds all three back behind e1's retry, due in an hour.
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries WHERE destination = 'audit'") == "3");
+    const auto due = s.claim(0, 30s).next_due;
+    REQUIRE(due.has_value());
+    CHECK(*due > 3500s);
+}
+
+TEST_CASE("the per-destination rule also holds back an earlier event of the key that is not fanned out") {
+    installed db;
+    auto s = db.store("a");
+    const auto e1 = s.enqueue(ev("k"));
+    const auto e2 = s.enqueue(ev("k"));
+    // e2 owes "audit" while e1 (older) is still a plain event, as after a
+    // replay of e1: e2's delivery must wait for e1.
+    {
+        pqxx::work tx(*db.admin);
+        tx.exec(fmt::format("UPDATE {0}.events SET fanned_out = true, available_at = 'infinity' WHERE id = {1}; "
+                            "INSERT INTO {0}.deliveries (event_id, destination, ordering_key) VALUES ({1}, 'audit', 'k')",
+                            db.schema.q(), e2));
+        tx.commit();
+    }
+    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(e1, "*")});
+    CHECK(s.claim(10, 30s).events.empty());
+    CHECK(s.complete(std::vector{pg::lease_ref{e1, 1}}).size() == 1);
+    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(e2, "audit")});
+}
+
+TEST_CASE("a claim never returns more than asked, deliveries and events together") {
+    installed db;
+    auto s = db.store("a");
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < 6; ++i) ids.push_back(s.enqueue(ev()));
+    REQUIRE(s.claim(3, 30s).events.size() == 3);
+    for (int i = 0; i < 3; ++i) REQUIRE(s.fan_out({ids[static_cast<std::size_t>(i)], 1}, std::vector{owe("a"), owe("b")}, {}));
+    const auto got = s.claim(4, 30s).events;
+    CHECK(got.size() == 4);
+    const auto deliveries = std::count_if(got.begin(), got.end(), [](const event& e) { return e.destination.has_value(); });
+    CHECK(deliveries == 4);  // older retries first
+    CHECK(s.claim(100, 30s).events.size() == 2 + 3);
+}
+
+TEST_CASE("release hands back deliveries too") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev());
+    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(s.fan_out({id, 1}, std::vector{owe("audit")}, {}));
+    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    CHECK(s.release() == 1);
+    CHECK(claimed(db.store("b").claim(10, 30s).events) == std::vector{at(id, "audit")});
+}
+
+TEST_CASE("two relays finishing an event's last two deliveries at once: the event is deleted, exactly once") {
+    installed db;
+    for (int round = 0; round < 20; ++round) {
+        auto a = db.store("a");
+        auto b = db.store("b");
+        a.connect();
+        b.connect();
+        const auto id = a.enqueue(ev());
+        REQUIRE(a.claim(10, 30s).events.size() == 1);
+        REQUIRE(a.fan_out({id, 1}, std::vector{owe("x"), owe("y")}, {}));
+        const auto got_a = a.claim(1, 30s).events;
+        const auto got_b = b.claim(1, 30s).events;
+        REQUIRE(got_a.size() == 1);
+        REQUIRE(got_b.size() == 1);
+        std::size_t fenced_a = 9;
+        std::size_t fenced_b = 9;
+        std::thread ta([&] { fenced_a = a.finish_deliveries({{{id, *got_a[0].destination, 2}}, {}, {}}); });
+        std::thread tb([&] { fenced_b = b.finish_deliveries({{{id, *got_b[0].destination, 2}}, {}, {}}); });
+        ta.join();
+        tb.join();
+        CHECK(fenced_a == 0);
+        CHECK(fenced_b == 0);
+        CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    }
+}
+
+TEST_CASE("replaying one destination's dead letter delivers to that destination only") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev("k"));
+    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(s.fan_out({id, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
+    REQUIRE(db.query("SELECT count(*) FROM {s}.events") == "0");
+
+    const auto dead = pg::list_dead(*db.admin, db.schema.name(), {}, 10);
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0].destination == std::optional<std::string>("audit"));
+    CHECK(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{id});
+    // The event comes back parked, owed to "audit" alone, under the same id.
+    CHECK(db.query("SELECT fanned_out FROM {s}.events WHERE id = " + std::to_string(id)) == "t");
+    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(id, "audit")});
+}
+
+TEST_CASE("dead letters of one event at two destinations coexist, and both replay") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev());
+    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(s.fan_out({id, 1}, {},
+                      std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""},
+                                  pg::dead_delivery{"search", 1, "HTTP 410", 410, ""}}));
+    CHECK(db.query("SELECT count(*) FROM {s}.dead_letters WHERE id = " + std::to_string(id)) == "2");
+    CHECK(pg::replay_dead(*db.admin, db.schema.name(), {std::optional<std::int64_t>(id), {}, {}}) ==
+          std::vector<std::int64_t>{id});
+    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(id, "audit"), at(id, "search")});
+}
