@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -10,6 +12,7 @@
 
 #include "core/event.hpp"
 
+using outboxd::add_destination_headers;
 using outboxd::build_request_headers;
 using outboxd::event;
 using outboxd::header_list;
@@ -184,4 +187,31 @@ TEST_CASE("webhook_request: a topic or ordering key with CR/LF is an error") {
     event ok = make_event();
     ok.topic = "orders\tcaf\xC3\xA9";
     CHECK_FALSE(build_request_headers(ok, sent_at).error.has_value());
+}
+
+TEST_CASE("destination headers replace event headers of the same name, never protocol headers") {
+    event e = make_event();
+    e.headers = {{"Authorization", "from-the-event"}, {"X-Tenant", "acme"}};
+    auto r = build_request_headers(e, sent_at);
+    REQUIRE_FALSE(r.error.has_value());
+    add_destination_headers(r.headers, {{"authorization", "Bearer configured"},
+                                        {"Webhook-Id", "spoofed"},
+                                        {"Content-Length", "1"},
+                                        {"X-Env", "prod"}});
+    auto count = [&](std::string_view name) {
+        return std::count_if(r.headers.begin(), r.headers.end(), [&](const auto& h) {
+            return h.first.size() == name.size() &&
+                   std::equal(h.first.begin(), h.first.end(), name.begin(),
+                              [](char a, char b) { return std::tolower(a) == std::tolower(b); });
+        });
+    };
+    CHECK(count("authorization") == 1);
+    CHECK(count("webhook-id") == 1);
+    CHECK(count("content-length") == 0);
+    CHECK(r.headers.front() == std::pair<std::string, std::string>{"webhook-id", "42"});
+    CHECK(std::find(r.headers.begin(), r.headers.end(),
+                    std::pair<std::string, std::string>{"authorization", "Bearer configured"}) != r.headers.end());
+    CHECK(std::find(r.headers.begin(), r.headers.end(),
+                    std::pair<std::string, std::string>{"X-Tenant", "acme"}) != r.headers.end());
+    CHECK(r.headers.back() == std::pair<std::string, std::string>{"X-Env", "prod"});
 }
