@@ -3,6 +3,7 @@
 #include <utility>  // before Asio
 
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <random>
 #include <vector>
@@ -130,6 +131,18 @@ struct event_in_flight {
     bool keyed = false;
     std::size_t waiting = 0;
     std::vector<destination_result> failures;
+    // Destinations that had no free connection: not attempted, handed to
+    // their own delivery rows to wait for one (see deliver()).
+    std::vector<std::size_t> deferred;
+};
+
+// A destination's share of this relay: requests in flight, and deliveries
+// claimed for it that wait for one of its connections.
+struct destination_lane {
+    std::size_t busy = 0;
+    std::size_t limit = 1;
+    std::deque<std::function<void()>> waiting;
+    [[nodiscard]] bool full() const noexcept { return busy >= limit; }
 };
 
 class relay {
@@ -153,6 +166,7 @@ public:
           shutdown_timer_(ioc_),
           rng_(std::random_device{}()) {
         for (const auto& d : cfg_.destinations) {
+            lanes_.push_back({0, std::max<std::size_t>(1, d.max_concurrency), {}});
             try {
                 sinks_.push_back(d.kind == transport::stdout_lines
                                      ? make_stdout_sink(ioc_)
@@ -243,9 +257,13 @@ private:
 
     void start_claim(std::size_t n) {
         if (n == 0) return;
-        worker_.submit([this, n, lease = cfg_.lease](pg::store& store) {
+        std::vector<std::string> busy;
+        for (std::size_t i = 0; i < lanes_.size(); ++i) {
+            if (lanes_[i].full()) busy.push_back(cfg_.destinations[i].name);
+        }
+        worker_.submit([this, n, lease = cfg_.lease, busy = std::move(busy)](pg::store& store) {
             try {
-                auto claimed = store.claim(n, lease);
+                auto claimed = store.claim(n, lease, busy);
                 net::post(ioc_, [this, n, claimed = std::move(claimed)]() mutable {
                     on_claimed(std::move(claimed.events), n);
                     // Retries and delayed events fire on time, not at the next sweep.
@@ -263,7 +281,9 @@ private:
         // Count the batch as in flight before delivering any of it: an event
         // that cannot be sent finishes inside deliver().
         const auto next = dispatch_.on_claimed(claimed.size(), asked);
-        for (auto& e : claimed) deliver(std::move(e));
+        // A request may start this late and still end within the lease.
+        const auto start_by = std::chrono::steady_clock::now() + cfg_.lease;
+        for (auto& e : claimed) deliver(std::move(e), start_by);
         start_claim(next);
         maybe_finish();
     }
@@ -318,13 +338,13 @@ private:
         maybe_finish();
     }
 
-    void deliver(event e) {
+    void deliver(event e, std::chrono::steady_clock::time_point lease_end) {
         const auto unix_now = std::chrono::duration_cast<std::chrono::seconds>(
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
         auto built = build_request_headers(e, unix_now);
         if (e.destination) {
-            deliver_owed(std::move(e), std::move(built), unix_now);
+            deliver_owed(std::move(e), std::move(built), unix_now, lease_end);
             return;
         }
         const pg::lease_ref ref{e.id, e.attempt};
@@ -353,15 +373,33 @@ private:
             finished();
             return;
         }
-        auto state = std::make_shared<event_in_flight>(event_in_flight{ref, keyed, targets.size(), {}});
+        auto state = std::make_shared<event_in_flight>(event_in_flight{ref, keyed, 0, {}, {}});
+        // A destination whose connections are all busy here (stalled, or
+        // just slow) does not get to hold this event's delivery slot: the
+        // event is handed to its own delivery row there, due now but claimed
+        // only while that destination has a free connection; other
+        // destinations, and other events, go on.
         for (const auto i : targets) {
+            if (lanes_[i].full()) {
+                state->deferred.push_back(i);
+            } else {
+                ++state->waiting;
+            }
+        }
+        if (state->waiting == 0) {
+            settle(*state);
+            return;
+        }
+        for (const auto i : targets) {
+            if (std::find(state->deferred.begin(), state->deferred.end(), i) != state->deferred.end()) continue;
             send(i, e, built.headers, unix_now, [this, state, i](const http::response_summary& r) {
                 on_event_result(*state, i, r);
             });
         }
     }
 
-    // Signs and sends one request to destination `i`.
+    // Signs and sends one request to destination `i` now (a free connection
+    // is the caller's business).
     void send(std::size_t i, const event& e, header_list headers, std::int64_t unix_now,
               std::function<void(const http::response_summary&)> done) {
         const auto& d = cfg_.destinations[i];
@@ -371,10 +409,26 @@ private:
             headers.emplace_back("webhook-signature",
                                  sign_webhook(d.signing_secrets, headers.front().second, unix_now, e.payload));
         }
-        sinks_[i]->send(e, std::move(headers), [this, done = std::move(done)](http::response_summary r) {
+        ++lanes_[i].busy;
+        sinks_[i]->send(e, std::move(headers), [this, i, done = std::move(done)](http::response_summary r) {
             if (finishing_) return;  // shutdown timed out: the lease release covers this delivery
+            lane_freed(i);
             done(r);
         });
+    }
+
+    void lane_freed(std::size_t i) {
+        auto& lane = lanes_[i];
+        const bool was_full = lane.full();
+        --lane.busy;
+        if (!lane.waiting.empty()) {
+            auto next = std::move(lane.waiting.front());
+            lane.waiting.pop_front();
+            next();
+        } else if (was_full) {
+            // Deliveries to it were left unclaimed while it was full.
+            wake();
+        }
     }
 
     destination_result judge(std::size_t i, std::int32_t attempt, const http::response_summary& r) {
@@ -411,7 +465,12 @@ private:
         log_result(state.ref.id, res, state.ref.attempt, static_cast<std::size_t>(r.elapsed.count()));
         if (res.outcome.what != delivery_outcome::kind::delivered) state.failures.push_back(std::move(res));
         if (--state.waiting > 0) return;
-        if (state.failures.empty()) {
+        settle(state);
+    }
+
+    // Every destination of a directly sent event has answered (or was deferred).
+    void settle(event_in_flight& state) {
+        if (state.failures.empty() && state.deferred.empty()) {
             pending_.delivered.push_back(state.ref);
         } else {
             // From here each failed destination keeps its own schedule; the
@@ -425,6 +484,10 @@ private:
                     item.dead.push_back({name, state.ref.attempt, f.outcome.error, f.status, f.excerpt});
                 }
             }
+            for (const auto i : state.deferred) {
+                // Not attempted there: the attempt count stays where it was.
+                item.owed.push_back({cfg_.destinations[i].name, milliseconds(0), state.ref.attempt - 1, {}});
+            }
             arm_retry(item.owed);
             pending_.fan_outs.push_back(std::move(item));
         }
@@ -433,7 +496,8 @@ private:
     }
 
     // One destination's delivery of a fanned-out event.
-    void deliver_owed(event e, request_headers_result built, std::int64_t unix_now) {
+    void deliver_owed(event e, request_headers_result built, std::int64_t unix_now,
+                      std::chrono::steady_clock::time_point lease_end) {
         const pg::delivery_ref ref{e.id, *e.destination, e.attempt};
         const bool keyed = e.ordering_key.has_value();
         const auto it = std::find_if(cfg_.destinations.begin(), cfg_.destinations.end(),
@@ -451,11 +515,34 @@ private:
             return;
         }
         const auto i = static_cast<std::size_t>(it - cfg_.destinations.begin());
-        send(i, e, std::move(built.headers), unix_now, [this, ref, keyed, i](const http::response_summary& r) {
+        auto on_result = [this, ref, keyed, i](const http::response_summary& r) {
             auto res = judge(i, ref.attempt, r);
             log_result(ref.id, res, ref.attempt, static_cast<std::size_t>(r.elapsed.count()));
             record_owed(ref, keyed, std::move(res));
             finished();
+        };
+        if (!lanes_[i].full()) {
+            send(i, e, std::move(built.headers), unix_now, std::move(on_result));
+            return;
+        }
+        // Claimed just before its destination filled up: wait here for a
+        // connection, but only as long as the request still fits in the lease.
+        const auto& d = cfg_.destinations[i];
+        const auto start_by = lease_end - d.connect_timeout - d.request_timeout;
+        lanes_[i].waiting.push_back([this, i, start_by, e = std::move(e), headers = std::move(built.headers),
+                                     unix_now, on_result = std::move(on_result)]() mutable {
+            if (std::chrono::steady_clock::now() > start_by) {
+                http::response_summary r;
+                r.transport_error = true;
+                r.error = fmt::format("no free connection to destination {} within the lease",
+                                      cfg_.destinations[i].name);
+                on_result(r);
+                // The slot was not used: the next waiting delivery may take it.
+                ++lanes_[i].busy;
+                lane_freed(i);
+                return;
+            }
+            send(i, e, std::move(headers), unix_now, std::move(on_result));
         });
     }
 
@@ -634,6 +721,7 @@ private:
     store_worker outcome_worker_;
     pg::listener listener_;
     std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
+    std::vector<destination_lane> lanes_;       // one per destination, same index
     dispatcher dispatch_;
     net::signal_set signals_;
     net::steady_timer sweep_timer_;

@@ -51,11 +51,13 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- while the same holds for its key at its destination, and no earlier event
 -- of its key waits to be sent. So a key never has two events out at once at
 -- any destination, across any number of relays.
--- $1 = how many (free delivery slots), $2 = lease owner, $3 = lease in ms.
+-- $1 = how many (free delivery slots), $2 = lease owner, $3 = lease in ms,
+-- $4 = destinations to leave alone (all their connections are busy here).
 WITH due_deliveries AS (
     SELECT d.event_id, d.destination
     FROM :"schema".deliveries d
     WHERE d.available_at <= now()
+      AND d.destination <> ALL ($4::text[])
       AND (d.ordering_key IS NULL OR (
               NOT EXISTS (
                   SELECT 1 FROM :"schema".deliveries other

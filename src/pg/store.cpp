@@ -115,11 +115,13 @@ std::optional<int> store::schema_version() {
     return guarded([&](pqxx::connection& c) { return read_schema_version(c, schema_); });
 }
 
-claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease) {
+claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
+                          std::span<const std::string> busy_destinations) {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         const auto r = tx.exec_prepared("claim", static_cast<long long>(limit), owner_,
-                                        static_cast<long long>(lease.count()));
+                                        static_cast<long long>(lease.count()),
+                                        text_array(busy_destinations, [](const std::string& d) { return std::optional(d); }));
         claim_result out;
         out.events.reserve(r.size());
         for (const auto& row : r) {

@@ -115,9 +115,11 @@ public:
     // The highest applied migration; nullopt when the outbox is not installed.
     [[nodiscard]] std::optional<int> schema_version();
 
-    // Up to `limit` due events, leased to us for `lease`, and when the next
-    // one falls due (same statement, so nothing falls between the two).
-    [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease);
+    // Up to `limit` due events and deliveries, leased to us for `lease`, and
+    // when the next one falls due (same statement, so nothing falls between
+    // the two). Deliveries to `busy_destinations` are left for later.
+    [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease,
+                                     std::span<const std::string> busy_destinations = {});
 
     // Each returns which of the given events were still ours (fencing).
     [[nodiscard]] std::vector<std::int64_t> complete(std::span<const lease_ref> delivered);
