@@ -1,0 +1,187 @@
+"""Routing to several destinations from a TOML configuration: wildcards,
+independent per-destination delivery (a failing or stalled destination
+neither blocks nor duplicates the others), per-key order per destination,
+events that match no route, per-destination dead letters and settings."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import threading
+import time
+
+from helpers import duplicates, wait_delivered, wait_until
+from receiver import Receiver
+
+
+def write_config(tmp_path, text: str, name: str = "outboxd.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def two_destinations(a: Receiver, b: Receiver, extra_a: str = "", extra_b: str = "",
+                     routes: str = '[[routes]]\ntopics = ["orders.>"]\ndestinations = ["a", "b"]\n') -> str:
+    return (f'[defaults.retry]\nbase = "100ms"\ncap = "200ms"\n\n'
+            f'[destinations.a]\nurl = "{a.url}"\n{extra_a}\n'
+            f'[destinations.b]\nurl = "{b.url}"\n{extra_b}\n' + routes)
+
+
+def ok(rx: Receiver) -> list:
+    return [r.event_id for r in rx.snapshot() if 200 <= r.status < 300]
+
+
+def test_an_event_routed_to_two_destinations_reaches_each_once(db, relay, tmp_path):
+    with Receiver() as a, Receiver() as b:
+        relay(None, "--config", write_config(tmp_path, two_destinations(a, b)))
+        ids = [db.enqueue("orders.created", {"n": n}) for n in range(5)]
+        assert wait_delivered(a, ids, 10) and wait_delivered(b, ids, 10)
+        assert db.wait_empty(timeout=5), db.events()
+        assert sorted(ok(a)) == ids and sorted(ok(b)) == ids
+        assert db.deliveries() == []  # the fast path wrote no delivery rows
+
+
+def test_wildcards_pick_destinations_by_topic(db, relay, tmp_path):
+    routes = ('[[routes]]\ntopics = ["orders.*"]\ndestinations = ["a"]\n\n'
+              '[[routes]]\ntopics = ["orders.>", "billing.invoice"]\ndestinations = ["b"]\n')
+    with Receiver() as a, Receiver() as b:
+        relay(None, "--config", write_config(tmp_path, two_destinations(a, b, routes=routes)))
+        one_level = db.enqueue("orders.created", {})
+        two_levels = db.enqueue("orders.eu.created", {})
+        exact = db.enqueue("billing.invoice", {})
+        assert wait_delivered(b, [one_level, two_levels, exact], 10)
+        assert wait_delivered(a, [one_level], 10)
+        assert db.wait_empty(timeout=5), db.events()
+        assert sorted(ok(a)) == [one_level]
+        assert sorted(ok(b)) == [one_level, two_levels, exact]
+
+
+def test_a_failing_destination_neither_blocks_nor_duplicates_the_other(db, relay, tmp_path):
+    a_broken = threading.Event()
+    a_broken.set()
+
+    def flaky(req):
+        return (503, {}, b"down") if a_broken.is_set() else (200, {}, b"ok")
+
+    with Receiver(flaky) as a, Receiver() as b:
+        relay(None, "--config", write_config(tmp_path, two_destinations(a, b)), "--concurrency", "8")
+        ids = [db.enqueue("orders.updated", {"n": n}, key=f"order-{n % 3}") for n in range(30)]
+        # b gets everything, in order per key, while a keeps failing.
+        assert wait_delivered(b, ids, 15), f"b got {len(ok(b))} of 30 while a was down"
+        assert not duplicates(ok(b)), duplicates(ok(b))
+        assert not ok(a)
+        assert db.count_events() == 30, "events left the outbox before a had them"
+
+        a_broken.clear()
+        assert wait_delivered(a, ids, 20), f"a got {len(set(ok(a)))} of 30 after recovering"
+        assert db.wait_empty(timeout=5), (db.events(), db.deliveries())
+        assert not duplicates(ok(a)), duplicates(ok(a))
+        assert not duplicates(ok(b)), "b was sent again while a retried"
+        for rx in (a, b):
+            for key in range(3):
+                mine = [i for i in ok(rx) if (i - ids[0]) % 3 == key]
+                assert mine == sorted(mine), f"key order broken at {rx.url}: {mine}"
+
+
+def test_a_stalled_destination_does_not_stall_the_others(db, relay, tmp_path):
+    release = threading.Event()
+
+    def stalled(req):
+        release.wait(20)
+        return 200, {}, b"late"
+
+    with Receiver(stalled) as a, Receiver() as b:
+        config = two_destinations(
+            a, b, extra_a='max_concurrency = 2\nrequest_timeout = "20s"\n',
+            routes=('[[routes]]\ntopics = ["slow.>"]\ndestinations = ["a"]\n\n'
+                    '[[routes]]\ntopics = ["fast.>"]\ndestinations = ["b"]\n'))
+        relay(None, "--config", write_config(tmp_path, config), "--concurrency", "4", "--lease", "60s")
+        slow = [db.enqueue("slow.thing", {"n": n}) for n in range(10)]
+        time.sleep(0.5)  # a's two connections are stuck now, the rest of slow waits
+        fast = [db.enqueue("fast.thing", {"n": n}) for n in range(20)]
+        t0 = time.monotonic()
+        assert wait_delivered(b, fast, 10), f"b got {len(ok(b))} of 20 while a stalled"
+        assert time.monotonic() - t0 < 5
+        release.set()
+        assert wait_delivered(a, slow, 20)
+        assert db.wait_empty(timeout=10), (db.events(), db.deliveries())
+        assert not duplicates(ok(a)) and not duplicates(ok(b))
+
+
+def test_an_event_no_route_matches_stays_in_the_outbox_with_the_reason(db, relay, outboxd, tmp_path):
+    with Receiver() as a, Receiver() as b:
+        only_orders = write_config(tmp_path, two_destinations(a, b), "v1.toml")
+        r = relay(None, "--config", only_orders)
+        stray = db.enqueue("invoices.sent", {"n": 1})
+        routed = db.enqueue("orders.created", {"n": 2})
+        assert wait_delivered(a, [routed], 10) and wait_delivered(b, [routed], 10)
+        assert wait_until(lambda: (db.event(stray) or {}).get("last_error"), 10), db.event(stray)
+        assert "no route matches topic 'invoices.sent'" in db.event(stray)["last_error"]
+        status = outboxd("status", "--json", "--database-url", db.url, "--schema", db.schema)
+        assert status.rc == 0, status
+        topics = {t["topic"]: t for t in json.loads(status.stdout)}
+        assert topics["invoices.sent"]["pending"] == 1
+        assert "no route" in topics["invoices.sent"]["last_error"]
+        assert stray not in ok(a) + ok(b)
+        r.stop()
+
+        # A configuration that routes it: delivered on the next attempt.
+        routes = '[[routes]]\ntopics = ["orders.>", "invoices.*"]\ndestinations = ["a", "b"]\n'
+        relay(None, "--config", write_config(tmp_path, two_destinations(a, b, routes=routes), "v2.toml"))
+        db.query("UPDATE {s}.events SET available_at = now() WHERE id = %s RETURNING id", (stray,))
+        assert wait_delivered(a, [stray], 10) and wait_delivered(b, [stray], 10)
+        assert db.wait_empty(timeout=5)
+
+
+def test_a_dead_letter_belongs_to_its_destination_and_replays_there_only(db, relay, outboxd, tmp_path):
+    a_gone = threading.Event()
+    a_gone.set()
+
+    with Receiver(lambda req: (410, {}, b"gone") if a_gone.is_set() else (200, {}, b"ok")) as a, \
+            Receiver() as b:
+        relay(None, "--config", write_config(tmp_path, two_destinations(a, b)))
+        event_id = db.enqueue("orders.created", {"n": 1})
+        assert wait_delivered(b, [event_id], 10)
+        assert wait_until(lambda: db.count_dead_letters() == 1, 10)
+        assert db.wait_empty(timeout=5), (db.events(), db.deliveries())
+        dead = outboxd("dead", "list", "--json", "--database-url", db.url, "--schema", db.schema)
+        [row] = [json.loads(line) for line in dead.stdout.splitlines()]
+        assert row["id"] == event_id and row["destination"] == "a" and row["last_status"] == 410
+
+        a_gone.clear()
+        replay = outboxd("dead", "replay", "--id", str(event_id), "--database-url", db.url, "--schema", db.schema)
+        assert replay.rc == 0, replay
+        assert wait_delivered(a, [event_id], 10)
+        assert db.wait_empty(timeout=5)
+        assert ok(b) == [event_id], "the replay went to b as well"
+        [again] = [r for r in a.snapshot() if r.status == 200]
+        assert again.headers["webhook-id"] == str(event_id)
+
+
+def _verifies(secret: str, req) -> bool:
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = b".".join([req.headers["webhook-id"].encode(), req.headers["webhook-timestamp"].encode(), req.body])
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return any(hmac.compare_digest("v1," + expected, s) for s in req.headers["webhook-signature"].split(" "))
+
+
+def test_each_destination_has_its_own_secrets_and_headers(db, relay, tmp_path):
+    secret_a = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+    secret_b = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+    with Receiver() as a, Receiver() as b:
+        config = two_destinations(
+            a, b,
+            extra_a=f'signing_secrets = ["{secret_a}"]\nheaders = {{ X-Team = "alpha" }}\n',
+            extra_b='signing_secrets_env = "B_SECRETS"\nheaders = { Authorization = "Bearer b-token" }\n')
+        relay(None, "--config", write_config(tmp_path, config), env={"B_SECRETS": secret_b})
+        event_id = db.enqueue("orders.created", {"n": 1}, headers={"Authorization": "from-event"})
+        assert wait_delivered(a, [event_id], 10) and wait_delivered(b, [event_id], 10)
+        [ra], [rb] = a.snapshot(), b.snapshot()
+        assert _verifies(secret_a, ra) and not _verifies(secret_b, ra)
+        assert _verifies(secret_b, rb) and not _verifies(secret_a, rb)
+        assert ra.headers["x-team"] == "alpha" and "x-team" not in rb.headers
+        assert ra.headers["authorization"] == "from-event"
+        assert rb.headers["authorization"] == "Bearer b-token"
