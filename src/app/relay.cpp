@@ -263,11 +263,23 @@ private:
         }
         worker_.submit([this, n, lease = cfg_.lease, busy = std::move(busy)](pg::store& store) {
             try {
-                auto claimed = store.claim(n, lease, busy);
-                net::post(ioc_, [this, n, claimed = std::move(claimed)]() mutable {
-                    on_claimed(std::move(claimed.events), n);
+                // Deliveries first when the last claim saw some due (retries
+                // of a failed destination are older than new events); the
+                // event claim then says whether any are due now.
+                std::vector<event> got;
+                const bool tried_deliveries = deliveries_due_;
+                if (tried_deliveries) got = store.claim_deliveries(n, lease, busy);
+                auto claimed = store.claim(n - got.size(), lease);
+                std::move(claimed.events.begin(), claimed.events.end(), std::back_inserter(got));
+                if (!tried_deliveries && claimed.deliveries_due && got.size() < n) {
+                    auto more = store.claim_deliveries(n - got.size(), lease, busy);
+                    std::move(more.begin(), more.end(), std::back_inserter(got));
+                }
+                deliveries_due_ = claimed.deliveries_due;
+                net::post(ioc_, [this, n, got = std::move(got), next_due = claimed.next_due]() mutable {
+                    on_claimed(std::move(got), n);
                     // Retries and delayed events fire on time, not at the next sweep.
-                    on_next_due(claimed.next_due);
+                    on_next_due(next_due);
                 });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, why = scrub_secrets(e.what(), opts_.dsn)] { on_claim_failed(why); });
@@ -722,6 +734,9 @@ private:
     pg::listener listener_;
     std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
     std::vector<destination_lane> lanes_;       // one per destination, same index
+    // Whether the last claim saw deliveries due. Only the claim worker's
+    // thread touches it (its jobs run one at a time).
+    bool deliveries_due_ = true;
     dispatcher dispatch_;
     net::signal_set signals_;
     net::steady_timer sweep_timer_;

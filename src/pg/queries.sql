@@ -34,26 +34,72 @@ SELECT coalesce(max(version), 0) FROM :"schema".schema_migrations;
 INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 
 -- name: claim
--- Picks what is due and stamps our lease in one short statement; no
--- transaction stays open while events are delivered. Two kinds of work come
--- back, at most $1 rows in all:
---   * deliveries (destination set): one destination's share of a fanned-out
---     event (see sql/0002), due again after a failure there;
---   * events (destination NULL): sent straight to every destination their
---     topic routes to. key_pending says that the event's key still has
---     deliveries waiting somewhere: then the relay fans the event out
---     instead, so that it queues behind them at each destination.
+-- Picks due events and stamps our lease in one short statement; no
+-- transaction stays open while events are delivered. Each goes to every
+-- destination its topic routes to. key_pending says that the event's key
+-- still has deliveries waiting somewhere (see claim_deliveries): then the
+-- relay fans the event out instead, so that it queues behind them at each
+-- destination.
 -- Per-key order: an event with an ordering key is due only while no earlier
 -- event of its key is still waiting in the table (in flight, waiting for a
 -- retry, or not yet due; fanned-out ones wait in `deliveries` instead) and no
 -- other event of its key is leased (a replayed dead letter has an older id
--- than events of its key that may be out already). A delivery is due only
--- while the same holds for its key at its destination, and no earlier event
--- of its key waits to be sent. So a key never has two events out at once at
--- any destination, across any number of relays.
--- $1 = how many (free delivery slots), $2 = lease owner, $3 = lease in ms,
--- $4 = destinations to leave alone (all their connections are busy here).
-WITH due_deliveries AS (
+-- than events of its key that may be out already). So a key never has two
+-- events out at once, across any number of relays.
+-- Deliveries are claimed by a statement of their own, run only when some are
+-- due (the last column of the extra row): planning this one stays as cheap
+-- as it was before destinations existed, and the fast path pays nothing.
+-- $1 = how many (free delivery slots), $2 = lease owner, $3 = lease in ms.
+WITH due AS (
+    SELECT e.id
+    FROM :"schema".events e
+    WHERE e.available_at <= now()
+      AND (e.ordering_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM :"schema".events other
+              WHERE other.ordering_key = e.ordering_key
+                AND NOT other.fanned_out
+                AND (other.id < e.id OR (other.lease_owner IS NOT NULL AND other.available_at > now()))))
+    ORDER BY e.available_at, e.id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE :"schema".events e
+    SET attempts = e.attempts + 1,
+        lease_owner = $2,
+        available_at = now() + $3 * interval '1 millisecond'
+    FROM due
+    WHERE e.id = due.id
+    RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts
+)
+SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
+       c.ordering_key IS NOT NULL AND EXISTS (
+           SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key),
+       NULL::bigint, NULL::boolean
+FROM claimed c
+UNION ALL
+-- One more row: milliseconds until the earliest work that is not due yet (a
+-- retry, a delayed event, a lease expiring), or NULL; and whether deliveries
+-- are due. Computed in the same statement, with the same now() and snapshot
+-- as the claim, so nothing can fall due in a gap between "claim what is due"
+-- and "when is the next one".
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       ceil(extract(epoch FROM (least(
+           (SELECT min(available_at) FROM :"schema".events
+            WHERE available_at > now() AND available_at < 'infinity'),
+           (SELECT min(available_at) FROM :"schema".deliveries WHERE available_at > now()))
+       - now())) * 1000)::bigint,
+       EXISTS (SELECT 1 FROM :"schema".deliveries WHERE available_at <= now());
+
+-- name: claim_deliveries
+-- Claims due deliveries: one destination's share each of a fanned-out event
+-- (see sql/0002), leased like events. A delivery is due only while no earlier
+-- delivery of its key to the same destination is waiting or leased, and no
+-- earlier event of its key waits to be sent. So a key never has two events
+-- out at once at any destination, across any number of relays.
+-- $1 = how many, $2 = lease owner, $3 = lease in ms, $4 = destinations to
+-- leave alone (all their connections are busy in this relay).
+WITH due AS (
     SELECT d.event_id, d.destination
     FROM :"schema".deliveries d
     WHERE d.available_at <= now()
@@ -74,57 +120,17 @@ WITH due_deliveries AS (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
-claimed_deliveries AS (
+claimed AS (
     UPDATE :"schema".deliveries d
     SET attempts = d.attempts + 1,
         lease_owner = $2,
         available_at = now() + $3 * interval '1 millisecond'
-    FROM due_deliveries due
+    FROM due
     WHERE d.event_id = due.event_id AND d.destination = due.destination
     RETURNING d.event_id, d.destination, d.attempts
-),
-due AS (
-    SELECT e.id
-    FROM :"schema".events e
-    WHERE e.available_at <= now()
-      AND (e.ordering_key IS NULL OR NOT EXISTS (
-              SELECT 1 FROM :"schema".events other
-              WHERE other.ordering_key = e.ordering_key
-                AND NOT other.fanned_out
-                AND (other.id < e.id OR (other.lease_owner IS NOT NULL AND other.available_at > now()))))
-    ORDER BY e.available_at, e.id
-    LIMIT greatest($1 - (SELECT count(*) FROM claimed_deliveries), 0)
-    FOR UPDATE SKIP LOCKED
-),
-claimed AS (
-    UPDATE :"schema".events e
-    SET attempts = e.attempts + 1,
-        lease_owner = $2,
-        available_at = now() + $3 * interval '1 millisecond'
-    FROM due
-    WHERE e.id = due.id
-    RETURNING e.id, e.topic, e.ordering_key, e.payload, e.headers, e.attempts
 )
-SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, cd.attempts, cd.destination,
-       false, NULL::bigint
-FROM claimed_deliveries cd JOIN :"schema".events e ON e.id = cd.event_id
-UNION ALL
-SELECT c.id, c.topic, c.ordering_key, c.payload::text, c.headers::text, c.attempts, NULL,
-       c.ordering_key IS NOT NULL AND EXISTS (
-           SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key),
-       NULL
-FROM claimed c
-UNION ALL
--- One more row: milliseconds until the earliest work that is not due yet (a
--- retry, a delayed event, a lease expiring), or NULL. Computed in the same
--- statement, with the same now() and snapshot as the claim, so nothing can
--- fall due in a gap between "claim what is due" and "when is the next one".
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       ceil(extract(epoch FROM (least(
-           (SELECT min(available_at) FROM :"schema".events
-            WHERE available_at > now() AND available_at < 'infinity'),
-           (SELECT min(available_at) FROM :"schema".deliveries WHERE available_at > now()))
-       - now())) * 1000)::bigint;
+SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attempts, c.destination
+FROM claimed c JOIN :"schema".events e ON e.id = c.event_id;
 
 -- name: complete
 -- Delivered: the events leave the hot table. Fenced: only rows that still

@@ -84,7 +84,7 @@ void store::connect() {
         pqxx::nontransaction tx(*c);
         tx.exec("SET synchronous_commit = off");  // see the constructor's comment
     }
-    queries_.prepare(*c, {"claim", "complete", "reschedule", "bury", "release", "enqueue", "fan_out",
+    queries_.prepare(*c, {"claim", "claim_deliveries", "complete", "reschedule", "bury", "release", "enqueue", "fan_out",
                           "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
                           "reschedule_delivery", "bury_delivery", "delete_finished_events"});
     conn_ = std::move(c);
@@ -115,32 +115,59 @@ std::optional<int> store::schema_version() {
     return guarded([&](pqxx::connection& c) { return read_schema_version(c, schema_); });
 }
 
-claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
-                          std::span<const std::string> busy_destinations) {
+namespace {
+
+// The columns both claims return first: id, topic, ordering_key, payload,
+// headers, attempts.
+event read_claimed(const pqxx::row& row) {
+    event e;
+    e.id = row[0].as<std::int64_t>();
+    e.topic = row[1].c_str();
+    if (!row[2].is_null()) e.ordering_key = std::string(row[2].c_str(), row[2].size());
+    e.payload.assign(row[3].c_str(), row[3].size());
+    e.headers = parse_headers(row[4].c_str());
+    e.attempt = row[5].as<std::int32_t>();
+    return e;
+}
+
+}  // namespace
+
+claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease) {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         const auto r = tx.exec_prepared("claim", static_cast<long long>(limit), owner_,
-                                        static_cast<long long>(lease.count()),
-                                        text_array(busy_destinations, [](const std::string& d) { return std::optional(d); }));
+                                        static_cast<long long>(lease.count()));
         claim_result out;
         out.events.reserve(r.size());
         for (const auto& row : r) {
-            if (row[0].is_null()) {  // the next-due row (always last)
-                if (!row[8].is_null()) {
-                    out.next_due = std::chrono::milliseconds(std::max<long long>(0, row[8].as<long long>()));
+            if (row[0].is_null()) {  // the extra row (always last)
+                if (!row[7].is_null()) {
+                    out.next_due = std::chrono::milliseconds(std::max<long long>(0, row[7].as<long long>()));
                 }
+                out.deliveries_due = row[8].as<bool>();
                 continue;
             }
-            event e;
-            e.id = row[0].as<std::int64_t>();
-            e.topic = row[1].c_str();
-            if (!row[2].is_null()) e.ordering_key = std::string(row[2].c_str(), row[2].size());
-            e.payload.assign(row[3].c_str(), row[3].size());
-            e.headers = parse_headers(row[4].c_str());
-            e.attempt = row[5].as<std::int32_t>();
-            if (!row[6].is_null()) e.destination = std::string(row[6].c_str(), row[6].size());
-            e.key_pending = row[7].as<bool>();
+            auto e = read_claimed(row);
+            e.key_pending = row[6].as<bool>();
             out.events.push_back(std::move(e));
+        }
+        return out;
+    });
+}
+
+std::vector<event> store::claim_deliveries(std::size_t limit, std::chrono::milliseconds lease,
+                                           std::span<const std::string> busy_destinations) {
+    return guarded([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        const auto r = tx.exec_prepared(
+            "claim_deliveries", static_cast<long long>(limit), owner_, static_cast<long long>(lease.count()),
+            text_array(busy_destinations, [](const std::string& d) { return std::optional(d); }));
+        std::vector<event> out;
+        out.reserve(r.size());
+        for (const auto& row : r) {
+            auto e = read_claimed(row);
+            e.destination = std::string(row[6].c_str(), row[6].size());
+            out.push_back(std::move(e));
         }
         return out;
     });

@@ -86,9 +86,12 @@ struct new_event {
 
 struct claim_result {
     std::vector<event> events;
-    // Time until the earliest event that is not due yet (a retry, a delayed
-    // event, a lease expiring), by the database's clock; nullopt if none.
+    // Time until the earliest event or delivery that is not due yet (a
+    // retry, a delayed event, a lease expiring), by the database's clock;
+    // nullopt if none.
     std::optional<std::chrono::milliseconds> next_due;
+    // Deliveries are due (claim them with claim_deliveries).
+    bool deliveries_due = false;
 };
 
 class store {
@@ -115,11 +118,14 @@ public:
     // The highest applied migration; nullopt when the outbox is not installed.
     [[nodiscard]] std::optional<int> schema_version();
 
-    // Up to `limit` due events and deliveries, leased to us for `lease`, and
-    // when the next one falls due (same statement, so nothing falls between
-    // the two). Deliveries to `busy_destinations` are left for later.
-    [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease,
-                                     std::span<const std::string> busy_destinations = {});
+    // Up to `limit` due events, leased to us for `lease`, and when the next
+    // one (event or delivery) falls due (same statement, so nothing falls
+    // between the two).
+    [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease);
+    // Up to `limit` due deliveries (event.destination set), leased to us;
+    // deliveries to `busy_destinations` are left for later.
+    [[nodiscard]] std::vector<event> claim_deliveries(std::size_t limit, std::chrono::milliseconds lease,
+                                                      std::span<const std::string> busy_destinations = {});
 
     // Each returns which of the given events were still ours (fencing).
     [[nodiscard]] std::vector<std::int64_t> complete(std::span<const lease_ref> delivered);

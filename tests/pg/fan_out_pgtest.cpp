@@ -54,6 +54,15 @@ std::vector<std::string> claimed(const std::vector<event>& events) {
     return out;
 }
 
+// What the relay's claim does: due deliveries first, then events, at most
+// `n` in all.
+std::vector<event> claim_all(pg::store& s, std::size_t n) {
+    auto got = s.claim_deliveries(n, 30s);
+    auto events = s.claim(n - got.size(), 30s).events;
+    std::move(events.begin(), events.end(), std::back_inserter(got));
+    return got;
+}
+
 std::string at(std::int64_t id, const std::string& destination) { return fmt::format("{}@{}", id, destination); }
 
 }  // namespace
@@ -62,13 +71,13 @@ TEST_CASE("fan-out parks the event and gives each owed destination a delivery of
     installed db;
     auto s = db.store("a");
     const auto id = s.enqueue(ev());
-    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(claim_all(s, 10).size() == 1);
     // "hooks" accepted it; "audit" and "search" failed.
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("audit"), owe("search")}, {}));
 
     CHECK(db.query("SELECT fanned_out FROM {s}.events") == "t");
     CHECK(db.query("SELECT count(*) FROM {s}.deliveries WHERE attempts = 1 AND last_error = 'HTTP 500'") == "2");
-    const auto got = s.claim(10, 30s).events;
+    const auto got = claim_all(s, 10);
     REQUIRE(claimed(got) == std::vector{at(id, "audit"), at(id, "search")});
     for (const auto& e : got) {
         CHECK(e.attempt == 2);  // attempts count per destination
@@ -86,7 +95,7 @@ TEST_CASE("fan-out with nothing owed: dead destinations become dead letters and 
     installed db;
     auto s = db.store("a");
     const auto id = s.enqueue(ev());
-    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410: gone", 410, "gone"}}));
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
     CHECK(db.query("SELECT destination || ' ' || last_status || ' ' || attempts FROM {s}.dead_letters") ==
@@ -97,7 +106,7 @@ TEST_CASE("fan-out is fenced: a stale lease writes nothing") {
     installed db;
     auto s = db.store("a");
     const auto id = s.enqueue(ev());
-    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(claim_all(s, 10).size() == 1);
     auto other = db.store("b");
     CHECK_FALSE(other.fan_out({id, 1}, std::vector{owe("audit")}, {}));  // not b's lease
     CHECK_FALSE(s.fan_out({id, 7}, std::vector{owe("audit")}, {}));      // not this attempt
@@ -109,9 +118,9 @@ TEST_CASE("delivery outcomes are fenced on owner and attempt") {
     installed db;
     auto s = db.store("a");
     const auto id = s.enqueue(ev());
-    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("audit")}, {}));
-    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(claim_all(s, 10).size() == 1);
     auto other = db.store("b");
     CHECK(other.finish_deliveries({{{id, "audit", 2}}, {}, {}}) == 1);
     CHECK(s.finish_deliveries({{{id, "audit", 1}}, {}, {}}) == 1);
@@ -128,19 +137,19 @@ TEST_CASE("a failing destination blocks its key there only; the other destinatio
     const auto e1 = s.enqueue(ev("k"));
     const auto e2 = s.enqueue(ev("k"));
     const auto e3 = s.enqueue(ev("k"));
-    REQUIRE(claimed(s.claim(10, 30s).events) == std::vector{at(e1, "*")});
+    REQUIRE(claimed(claim_all(s, 10)) == std::vector{at(e1, "*")});
     // e1: "hooks" took it, "audit" failed and retries in an hour.
     REQUIRE(s.fan_out({e1, 1}, std::vector{owe("audit", 1h)}, {}));
 
     // e2 is claimable now, but its key has a delivery waiting: it says so,
     // and the relay fans it out to queue behind e1 at each destination.
-    auto got = s.claim(10, 30s).events;
+    auto got = claim_all(s, 10);
     REQUIRE(claimed(got) == std::vector{at(e2, "*")});
     CHECK(got[0].key_pending);
     REQUIRE(s.fan_out({e2, 1}, std::vector{owe("hooks", 0ms, 0), owe("audit", 0ms, 0)}, {}));
 
     // hooks: e2 goes (nothing earlier of k waits there); audit: e1 first.
-    got = s.claim(10, 30s).events;
+    got = claim_all(s, 10);
     REQUIRE(claimed(got) == std::vector{at(e2, "hooks"), at(e3, "*")});
     CHECK(got[0].attempt == 1);
     for (const auto& e : got) {
@@ -148,9 +157,9 @@ TEST_CASE("a failing destination blocks its key there only; the other destinatio
     }
     REQUIRE(s.fan_out({e3, 1}, std::vector{owe("hooks", 0ms, 0), owe("audit", 0ms, 0)}, {}));
     // e3@hooks waits for e2@hooks, which is in flight.
-    CHECK(s.claim(10, 30s).events.empty());
+    CHECK(claim_all(s, 10).empty());
     CHECK(s.finish_deliveries({{{e2, "hooks", 1}}, {}, {}}) == 0);
-    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(e3, "hooks")});
+    CHECK(claimed(claim_all(s, 10)) == std::vector{at(e3, "hooks")});
     CHECK(s.finish_deliveries({{{e3, "hooks", 1}}, {}, {}}) == 0);
     // audit still holds all three back behind e1's retry, due in an hour.
     CHECK(db.query("SELECT count(*) FROM {s}.deliveries WHERE destination = 'audit'") == "3");
@@ -173,35 +182,37 @@ TEST_CASE("the per-destination rule also holds back an earlier event of the key 
                             db.schema.q(), e2));
         tx.commit();
     }
-    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(e1, "*")});
-    CHECK(s.claim(10, 30s).events.empty());
+    CHECK(claimed(claim_all(s, 10)) == std::vector{at(e1, "*")});
+    CHECK(claim_all(s, 10).empty());
     CHECK(s.complete(std::vector{pg::lease_ref{e1, 1}}).size() == 1);
-    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(e2, "audit")});
+    CHECK(claimed(claim_all(s, 10)) == std::vector{at(e2, "audit")});
 }
 
-TEST_CASE("a claim never returns more than asked, deliveries and events together") {
+TEST_CASE("the event claim says when deliveries are due; a claim of deliveries never returns more than asked") {
     installed db;
     auto s = db.store("a");
     std::vector<std::int64_t> ids;
     for (int i = 0; i < 6; ++i) ids.push_back(s.enqueue(ev()));
-    REQUIRE(s.claim(3, 30s).events.size() == 3);
+    REQUIRE(claim_all(s, 3).size() == 3);
+    CHECK_FALSE(s.claim(0, 30s).deliveries_due);
     for (int i = 0; i < 3; ++i) REQUIRE(s.fan_out({ids[static_cast<std::size_t>(i)], 1}, std::vector{owe("a"), owe("b")}, {}));
-    const auto got = s.claim(4, 30s).events;
-    CHECK(got.size() == 4);
-    const auto deliveries = std::count_if(got.begin(), got.end(), [](const event& e) { return e.destination.has_value(); });
-    CHECK(deliveries == 4);  // older retries first
-    CHECK(s.claim(100, 30s).events.size() == 2 + 3);
+    CHECK(s.claim(0, 30s).deliveries_due);
+    CHECK(s.claim_deliveries(4, 30s).size() == 4);
+    CHECK(s.claim(0, 30s).deliveries_due);
+    CHECK(claim_all(s, 100).size() == 2 + 3);
+    CHECK_FALSE(s.claim(0, 30s).deliveries_due);  // all leased now
 }
 
 TEST_CASE("release hands back deliveries too") {
     installed db;
     auto s = db.store("a");
     const auto id = s.enqueue(ev());
-    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("audit")}, {}));
-    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(claim_all(s, 10).size() == 1);
     CHECK(s.release() == 1);
-    CHECK(claimed(db.store("b").claim(10, 30s).events) == std::vector{at(id, "audit")});
+    auto b = db.store("b");
+    CHECK(claimed(claim_all(b, 10)) == std::vector{at(id, "audit")});
 }
 
 TEST_CASE("two relays finishing an event's last two deliveries at once: the event is deleted, exactly once") {
@@ -212,10 +223,10 @@ TEST_CASE("two relays finishing an event's last two deliveries at once: the even
         a.connect();
         b.connect();
         const auto id = a.enqueue(ev());
-        REQUIRE(a.claim(10, 30s).events.size() == 1);
+        REQUIRE(claim_all(a, 10).size() == 1);
         REQUIRE(a.fan_out({id, 1}, std::vector{owe("x"), owe("y")}, {}));
-        const auto got_a = a.claim(1, 30s).events;
-        const auto got_b = b.claim(1, 30s).events;
+        const auto got_a = claim_all(a, 1);
+        const auto got_b = claim_all(b, 1);
         REQUIRE(got_a.size() == 1);
         REQUIRE(got_b.size() == 1);
         std::size_t fenced_a = 9;
@@ -234,7 +245,7 @@ TEST_CASE("replaying one destination's dead letter delivers to that destination 
     installed db;
     auto s = db.store("a");
     const auto id = s.enqueue(ev("k"));
-    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
     REQUIRE(db.query("SELECT count(*) FROM {s}.events") == "0");
 
@@ -244,19 +255,19 @@ TEST_CASE("replaying one destination's dead letter delivers to that destination 
     CHECK(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{id});
     // The event comes back parked, owed to "audit" alone, under the same id.
     CHECK(db.query("SELECT fanned_out FROM {s}.events WHERE id = " + std::to_string(id)) == "t");
-    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(id, "audit")});
+    CHECK(claimed(claim_all(s, 10)) == std::vector{at(id, "audit")});
 }
 
 TEST_CASE("dead letters of one event at two destinations coexist, and both replay") {
     installed db;
     auto s = db.store("a");
     const auto id = s.enqueue(ev());
-    REQUIRE(s.claim(10, 30s).events.size() == 1);
+    REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, {},
                       std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""},
                                   pg::dead_delivery{"search", 1, "HTTP 410", 410, ""}}));
     CHECK(db.query("SELECT count(*) FROM {s}.dead_letters WHERE id = " + std::to_string(id)) == "2");
     CHECK(pg::replay_dead(*db.admin, db.schema.name(), {std::optional<std::int64_t>(id), {}, {}}) ==
           std::vector<std::int64_t>{id});
-    CHECK(claimed(s.claim(10, 30s).events) == std::vector{at(id, "audit"), at(id, "search")});
+    CHECK(claimed(claim_all(s, 10)) == std::vector{at(id, "audit"), at(id, "search")});
 }
