@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "core/event.hpp"
 
@@ -23,5 +24,14 @@ struct request_headers_result {
 };
 
 [[nodiscard]] request_headers_result build_request_headers(const event& e, std::int64_t unix_seconds);
+
+// The rules above, shared with the static headers of the configuration.
+// An RFC 9110 token: what a header name may be.
+[[nodiscard]] bool is_header_name(std::string_view name) noexcept;
+// No CR, LF, NUL or other control character except HTAB.
+[[nodiscard]] bool is_header_value(std::string_view value) noexcept;
+// Case-insensitive: the framing and hop-by-hop headers (Host,
+// Content-Length, Connection, ...) and every webhook-* and outbox-* name.
+[[nodiscard]] bool is_reserved_header(std::string_view name) noexcept;
 
 }  // namespace outboxd
