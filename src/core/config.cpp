@@ -399,7 +399,10 @@ std::vector<header_setting> headers_of(const file_reader& f, const entry& e) {
     std::vector<header_setting> out;
     for (const auto& h : entries(f, table_of(e), e.from.key, {})) {
         const std::string name(h.key);
-        if (!is_header_name(name)) fail(h.from, "not a valid HTTP header name");
+        if (!is_header_name(name)) {
+            // Not repeated: a malformed name is often a whole "Name: value" line.
+            throw config_error(fmt::format("{}: {}: a header name is not a valid HTTP token", h.from.location, e.from.key));
+        }
         if (is_reserved_header(name)) {
             fail(h.from, "outboxd sets this header itself (framing, hop-by-hop, webhook-* and outbox-* are reserved)");
         }
@@ -434,8 +437,9 @@ std::vector<signing_secret> secrets_of(const file_reader& f, const entry& e) {
 
 std::vector<signing_secret> secrets_from_env_var(const inputs& in, const entry& e) {
     const auto& name = string_of(e);
-    if (!is_env_name(name)) {
-        fail(e.from, fmt::format("expected the name of an environment variable, got {}", quoted(name)));
+    if (!is_env_name(name) || name.starts_with("whsec_")) {
+        // Not repeated: the likely mistake is the secret itself in place of the name.
+        fail(e.from, "expected the name of an environment variable (letters, digits and '_'), not the secrets");
     }
     const auto text = in.env(name);
     if (!text) fail(e.from, fmt::format("the environment variable {} is not set", name));
@@ -843,12 +847,13 @@ config resolve_config(const config_sources& sources) {
     std::vector<origin> route_declared;
     if (shortcut) {
         if (section("destinations") != nullptr) {
-            fail(*shortcut, fmt::format("defines the only destination; remove it or the [destinations] of {}", f.name()));
+            throw config_error(fmt::format("{} defines the only destination; remove it or the [destinations] of {}",
+                                           shortcut->key, f.name()));
         }
         if (section("routes") != nullptr) {
-            fail(*shortcut, fmt::format("defines the only destination and routes every topic to it; remove it or "
-                                        "the [[routes]] of {}",
-                                        f.name()));
+            throw config_error(fmt::format("{} defines the only destination and routes every topic to it; remove it "
+                                           "or the [[routes]] of {}",
+                                           shortcut->key, f.name()));
         }
         pending_destination d;
         d.name = std::string(default_destination);

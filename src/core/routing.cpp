@@ -1,6 +1,7 @@
 #include "core/routing.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -32,26 +33,31 @@ route_table::route_table(const config& c) : destination_count_(c.destinations.si
 }
 
 std::vector<std::size_t> route_table::match(std::string_view topic) const {
-    // One flag per destination: de-duplicates, and reading the flags in
-    // index order gives config order.
-    std::vector<bool> hit(destination_count_, false);
-    std::size_t hits = 0;
+    // One bit per destination: de-duplicates, and reading the bits in index
+    // order gives config order. Up to 64 destinations (the usual case) the
+    // bits live in a register and matching allocates only the result.
+    std::vector<bool> many;
+    std::uint64_t few = 0;
+    const bool small = destination_count_ <= 64;
+    if (!small) many.assign(destination_count_, false);
+    bool any_hit = false;
     for (const auto& route : routes_) {
-        const bool any = std::any_of(route.patterns.begin(), route.patterns.end(),
-                                     [&](const topic_pattern& p) { return p.matches(topic); });
-        if (!any) continue;
+        const bool matched = std::any_of(route.patterns.begin(), route.patterns.end(),
+                                         [&](const topic_pattern& p) { return p.matches(topic); });
+        if (!matched) continue;
+        any_hit = true;
         for (const auto d : route.destinations) {
-            if (!hit[d]) {
-                hit[d] = true;
-                ++hits;
+            if (small) {
+                few |= std::uint64_t{1} << d;
+            } else {
+                many[d] = true;
             }
         }
-        if (hits == destination_count_) break;  // nothing left to add
     }
     std::vector<std::size_t> out;
-    out.reserve(hits);
-    for (std::size_t d = 0; d < destination_count_ && out.size() < hits; ++d) {
-        if (hit[d]) out.push_back(d);
+    if (!any_hit) return out;
+    for (std::size_t d = 0; d < destination_count_; ++d) {
+        if (small ? ((few >> d) & 1U) != 0 : static_cast<bool>(many[d])) out.push_back(d);
     }
     return out;
 }

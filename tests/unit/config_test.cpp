@@ -627,14 +627,15 @@ TEST_CASE("config: table of file errors: every key, wrong type and invalid value
         {"[defaults]\nsigning_secrets_env = 5\n",
          "t.toml:2:1: defaults.signing_secrets_env: expected a non-empty string, got 5"},
         {"[defaults]\nsigning_secrets_env = \"1BAD\"\n",
-         "t.toml:2:1: defaults.signing_secrets_env: expected the name of an environment variable, got \"1BAD\""},
+         "t.toml:2:1: defaults.signing_secrets_env: expected the name of an environment variable (letters, digits "
+         "and '_'), not the secrets"},
         {"[defaults]\nsigning_secrets_env = \"NOT_SET\"\n",
          "t.toml:2:1: defaults.signing_secrets_env: the environment variable NOT_SET is not set"},
         {"[defaults]\nsigning_secrets = []\nsigning_secrets_env = \"X\"\n",
          "t.toml:3:1: defaults.signing_secrets_env: give signing_secrets or signing_secrets_env, not both"},
         {"[defaults]\nheaders = 5\n", "t.toml:2:1: defaults.headers: expected a table, got 5"},
         {"[defaults.headers]\n\"Bad Name\" = \"x\"\n",
-         "t.toml:2:1: defaults.headers.\"Bad Name\": not a valid HTTP header name"},
+         "t.toml:2:1: defaults.headers: a header name is not a valid HTTP token"},
         {"[defaults.headers]\nHost = \"x\"\n", "t.toml:2:1: defaults.headers.Host: outboxd sets this header itself"},
         {"[defaults.headers]\nwebhook-signature = \"x\"\n",
          "t.toml:2:1: defaults.headers.webhook-signature: outboxd sets this header itself"},
@@ -855,14 +856,14 @@ destinations = ["d"]
     SUBCASE("--url with a file that has destinations or routes") {
         auto f = file_only(std::string(one_destination));
         f.flags["url"] = {"http://h/"};
-        CHECK(error_of(f) == "--url: defines the only destination; remove it or the [destinations] of t.toml");
+        CHECK(error_of(f) == "--url defines the only destination; remove it or the [destinations] of t.toml");
         f.flags.clear();
         f.env["OUTBOXD_WEBHOOK_URL"] = "http://h/";
         CHECK(error_of(f) ==
-              "OUTBOXD_WEBHOOK_URL: defines the only destination; remove it or the [destinations] of t.toml");
+              "OUTBOXD_WEBHOOK_URL defines the only destination; remove it or the [destinations] of t.toml");
         auto g = file_only("[[routes]]\ntopics = [\">\"]\ndestinations = [\"default\"]\n");
         g.flags["url"] = {"http://h/"};
-        CHECK(error_of(g).starts_with("--url: defines the only destination and routes every topic to it; remove it "
+        CHECK(error_of(g).starts_with("--url defines the only destination and routes every topic to it; remove it "
                                       "or the [[routes]] of t.toml"));
     }
     SUBCASE("no destination at all names both ways to give one") {
@@ -912,6 +913,8 @@ TEST_CASE("config: no secret in any message or in render_config") {
         "[defaults.headers]\nAuthorization = \"Bearer tok3n-value\"\nauthorization = \"Bearer tok3n-value\"\n",
         "[defaults]\nsigning_secrets = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n",  // TOML syntax error
         "[defaults]\nheaders = { Authorization = \"Bearer tok3n-value\\q\" }\n",   // TOML syntax error
+        "[defaults.headers]\n\"Authorization: Bearer tok3n-value\" = \"\"\n",        // a header line as the name
+        "[defaults]\nsigning_secrets_env = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",  // the secret as the name
     };
     for (const auto file : files) {
         CAPTURE(file);

@@ -86,3 +86,17 @@ TEST_CASE("routing: invalid patterns and unknown destinations are refused naming
     c.routes = {{{"orders.*"}, {"ordres"}}};
     CHECK_THROWS_WITH_AS(route_table{c}, "routes[0]: no destination named \"ordres\"", config_error);
 }
+
+TEST_CASE("routing: more than 64 destinations (the wide path) keeps config order and de-duplicates") {
+    config c;
+    for (int i = 0; i < 70; ++i) {
+        destination_config d;
+        d.name = "d" + std::to_string(i);
+        c.destinations.push_back(std::move(d));
+    }
+    c.routes = {{{"a.*"}, {"d69", "d0", "d64"}}, {{">"}, {"d64", "d1"}}, {{"b"}, {"d2"}}};
+    const route_table routes(c);
+    CHECK(routes.match("a.x") == indices{0, 1, 64, 69});
+    CHECK(routes.match("b") == indices{1, 2, 64});
+    CHECK(routes.match("a..x").empty());
+}
