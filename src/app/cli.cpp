@@ -17,7 +17,8 @@ struct option_spec {
     bool takes_value = true;
 };
 
-constexpr std::array<option_spec, 27> known_options{{
+constexpr std::array<option_spec, 31> known_options{{
+    {"config", ""},
     {"database-url", ""},
     {"schema", ""},
     {"log-level", ""},
@@ -27,19 +28,22 @@ constexpr std::array<option_spec, 27> known_options{{
     {"idempotency-key", "enqueue"},
     {"header", "enqueue", true},
     {"delay", "enqueue"},
-    {"url", "run"},
-    {"concurrency", "run"},
-    {"lease", "run"},
-    {"sweep-interval", "run"},
-    {"request-timeout", "run"},
-    {"connect-timeout", "run"},
-    {"retry-base", "run"},
-    {"retry-cap", "run"},
-    {"max-attempts", "run"},
-    {"shutdown-timeout", "run"},
-    {"permanent-statuses", "run"},
-    {"throttle-statuses", "run"},
-    {"signing-secret", "run", true},
+    {"url", "run check-config"},
+    {"concurrency", "run check-config"},
+    {"lease", "run check-config"},
+    {"sweep-interval", "run check-config"},
+    {"request-timeout", "run check-config"},
+    {"connect-timeout", "run check-config"},
+    {"retry-base", "run check-config"},
+    {"retry-cap", "run check-config"},
+    {"max-attempts", "run check-config"},
+    {"shutdown-timeout", "run check-config"},
+    {"permanent-statuses", "run check-config"},
+    {"throttle-statuses", "run check-config"},
+    {"signing-secret", "run check-config", true},
+    {"ca-file", "run check-config"},
+    {"insecure-skip-tls-verify", "run check-config", false, false},
+    {"block-private-addresses", "run check-config", false, false},
     {"older-than", "dead"},
     {"limit", "dead"},
     {"id", "dead"},
@@ -47,7 +51,8 @@ constexpr std::array<option_spec, 27> known_options{{
     {"all", "dead", false, false},
 }};
 
-constexpr std::array<std::string_view, 6> commands{"migrate", "sql", "enqueue", "run", "dead", "status"};
+constexpr std::array<std::string_view, 7> commands{"migrate", "sql", "enqueue", "run", "check-config", "dead",
+                                                   "status"};
 constexpr std::array<std::string_view, 3> dead_subcommands{"list", "replay", "purge"};
 
 bool belongs_to(const option_spec& spec, std::string_view command) {
@@ -151,7 +156,8 @@ Commands:
   enqueue     add one event: --topic T [--payload JSON] [--key K] [--idempotency-key I]
               [--header NAME=VALUE]... [--delay DURATION]; prints the event id.
               Without --payload the payload is read from standard input.
-  run         deliver events to a webhook until SIGINT/SIGTERM
+  run         deliver events to the configured destinations until SIGINT/SIGTERM
+  check-config  validate the configuration `run` would use and print it, secrets redacted
   status      per topic: pending, in flight, retrying, oldest age, dead letters [--json]
   dead list   dead letters, oldest first [--topic T] [--older-than D] [--limit N] [--json]
   dead replay put dead letters back into the outbox under their original ids, due now:
@@ -159,13 +165,17 @@ Commands:
   dead purge  delete dead letters --older-than D [--topic T]
 
 Global options (also as environment variables):
+  --config FILE        OUTBOXD_CONFIG     TOML configuration (see README "Configuration");
+                                          environment variables and flags override it
   --database-url URL   DATABASE_URL       libpq URI or key=value string
   --schema NAME        OUTBOXD_SCHEMA     default: outbox
   --log-level LEVEL    OUTBOXD_LOG_LEVEL  debug|info|warn|error, default: info
   --help, --version
 
-`outboxd run` options (DURATION is a whole number with ms, s, m or h):
-  --url URL                 OUTBOXD_WEBHOOK_URL; http:// (https:// comes with issue #4)
+`outboxd run` and `check-config` options (DURATION is a whole number with ms, s, m or h;
+each also as OUTBOXD_<NAME>, e.g. OUTBOXD_CONCURRENCY):
+  --url URL                 OUTBOXD_WEBHOOK_URL; the single destination "default" for all topics:
+                            http://, https:// or the word stdout (one JSON line per event)
   --concurrency N           deliveries in flight at most, default 32 (1..1024)
   --lease DURATION          how long a claimed event is ours, default 30s; must exceed
                             connect-timeout + request-timeout
@@ -180,6 +190,12 @@ Global options (also as environment variables):
   --throttle-statuses LIST  honour Retry-After on these, default 429,502,503,504
   --signing-secret whsec_…  sign requests (Standard Webhooks v1); repeat to rotate keys.
                             Prefer OUTBOXD_SIGNING_SECRETS (space-separated): flags show in `ps`
+  --ca-file PATH            PEM CA bundle for https:// destinations (default: the system CAs)
+  --insecure-skip-tls-verify  do not verify certificates (logged loudly; never in production)
+  --block-private-addresses refuse to connect to loopback, private and link-local addresses
+                            (checked after DNS resolution: an SSRF guard)
+Flags and variables override the [defaults] of the file; a destination's own
+settings in the file win over them.
 
 Exit codes:
   0 ok (also after a graceful shutdown)   1 internal error

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <fstream>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -17,6 +20,7 @@
 #include "app/cli.hpp"
 #include "app/exit_codes.hpp"
 #include "app/relay.hpp"
+#include "core/config.hpp"
 #include "core/dsn.hpp"
 #include "core/duration.hpp"
 #include "core/embedded_sql.hpp"
@@ -85,14 +89,50 @@ std::string schema_of(const parsed_args& args) {
     return schema;
 }
 
-std::string dsn_of(const parsed_args& args) {
-    const auto raw = option_or_env(args, "database-url", "DATABASE_URL");
-    if (auto error = pg::conninfo_error(raw)) {
-        throw fatal_error(exit_usage, fmt::format("invalid database URL ({}): {}", redact_dsn(raw), *error));
+// The effective configuration: the --config file (or OUTBOXD_CONFIG), then
+// OUTBOXD_* variables, then flags. Any error is a usage error (exit 2).
+config load_config(const parsed_args& args, bool destinations_required) {
+    config_sources sources;
+    auto path = args.get("config");
+    if (!path) path = env("OUTBOXD_CONFIG");
+    if (path) {
+        std::ifstream in(*path, std::ios::binary);
+        if (!in) {
+            throw fatal_error(exit_usage,
+                              fmt::format("cannot read the configuration file {}: {}", *path, std::strerror(errno)));
+        }
+        sources.file_text.emplace(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        sources.file_name = *path;
     }
-    // Name ourselves in pg_stat_activity; bound connection attempts so a
-    // black-holed host is reported instead of hanging.
-    return with_default(with_default(raw, "application_name", "outboxd"), "connect_timeout", "10");
+    sources.env = [](std::string_view name) { return env(std::string(name).c_str()); };
+    sources.flags = [&args](std::string_view flag) { return args.all(flag); };
+    sources.database_url_error = [](const std::string& url) { return pg::conninfo_error(url); };
+    sources.destinations_required = destinations_required;
+    try {
+        auto c = resolve_config(sources);
+        log::set_level(log::parse_level(c.log_level));
+        return c;
+    } catch (const config_error& e) {
+        throw fatal_error(exit_usage, e.what());
+    }
+}
+
+// The connection string outboxd uses: the configured one, naming itself in
+// pg_stat_activity and bounding connection attempts, so a black-holed host
+// is reported instead of hanging.
+std::string effective_dsn(const config& c) {
+    return with_default(with_default(c.database_url, "application_name", "outboxd"), "connect_timeout", "10");
+}
+
+// Schema and connection string of the commands that only talk to the database.
+struct database_target {
+    std::string schema;
+    std::string dsn;
+};
+
+database_target database_of(const parsed_args& args) {
+    const auto c = load_config(args, /*destinations_required=*/false);
+    return {c.schema, effective_dsn(c)};
 }
 
 std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
@@ -116,8 +156,7 @@ int cmd_sql(const parsed_args& args) {
 }
 
 int cmd_migrate(const parsed_args& args) {
-    const auto schema = schema_of(args);
-    const auto dsn = dsn_of(args);
+    const auto [schema, dsn] = database_of(args);
     auto conn = connect(dsn);
     try {
         const auto result = pg::migrate(*conn, schema);
@@ -149,7 +188,7 @@ auto with_installed_outbox(const std::string& schema, F&& f) {
 }
 
 int cmd_enqueue(const parsed_args& args) {
-    const auto schema = schema_of(args);
+    const auto [schema, dsn] = database_of(args);
     pg::new_event e;
     e.topic = option_or_env(args, "topic", "OUTBOXD_TOPIC");
     if (auto p = args.get("payload")) {
@@ -175,7 +214,6 @@ int cmd_enqueue(const parsed_args& args) {
     e.headers = headers.dump();
     e.delay = duration_option(args, "delay", std::chrono::milliseconds(0));
 
-    const auto dsn = dsn_of(args);
     pg::store store(dsn, schema, "");
     try {
         store.connect();
@@ -196,8 +234,7 @@ int cmd_enqueue(const parsed_args& args) {
 }
 
 int cmd_status(const parsed_args& args) {
-    const auto schema = schema_of(args);
-    const auto dsn = dsn_of(args);
+    const auto [schema, dsn] = database_of(args);
     auto conn = connect(dsn);
     const auto topics = with_installed_outbox(schema, [&] { return pg::outbox_status(*conn, schema); });
     if (args.flag("json")) {
@@ -231,7 +268,6 @@ pg::dead_filter dead_filter_of(const parsed_args& args) {
 }
 
 int cmd_dead(const parsed_args& args) {
-    const auto schema = schema_of(args);
     const auto filter = dead_filter_of(args);
     if (args.subcommand == "list" && filter.id) throw fatal_error(exit_usage, "--id applies to `dead replay` only");
     if (args.subcommand == "replay" && !filter.id && !filter.topic && !filter.older_than && !args.flag("all")) {
@@ -240,7 +276,7 @@ int cmd_dead(const parsed_args& args) {
     if (args.subcommand == "purge" && !filter.older_than) {
         throw fatal_error(exit_usage, "`outboxd dead purge` needs --older-than (e.g. --older-than 0s for all)");
     }
-    const auto dsn = dsn_of(args);
+    const auto [schema, dsn] = database_of(args);
     auto conn = connect(dsn);
     return with_installed_outbox(schema, [&] {
         if (args.subcommand == "list") {
@@ -289,58 +325,18 @@ std::string make_lease_owner() {
 }
 
 int cmd_run(const parsed_args& args) {
-    // TEMPORARY bridge until resolve_config lands: flags -> one destination.
     relay_options o;
-    auto& c = o.settings;
-    c.schema = schema_of(args);
-    destination_config d;
-    d.name = "default";
-    const auto url = option_or_env(args, "url", "OUTBOXD_WEBHOOK_URL");
-    if (url == "stdout") {
-        d.kind = transport::stdout_lines;
-    } else {
-        d.url = usage_checked("url", [&] { return parse_endpoint_url(url); });
-    }
-    c.concurrency = static_cast<std::size_t>(parse_int(args, "concurrency", 32, 1, 1024));
-    d.max_concurrency = c.concurrency;
-    c.lease = duration_option(args, "lease", c.lease);
-    c.sweep_interval = duration_option(args, "sweep-interval", c.sweep_interval);
-    d.connect_timeout = duration_option(args, "connect-timeout", d.connect_timeout);
-    d.request_timeout = duration_option(args, "request-timeout", d.request_timeout);
-    c.shutdown_timeout = duration_option(args, "shutdown-timeout", c.shutdown_timeout);
-    d.retry.base = duration_option(args, "retry-base", d.retry.base);
-    d.retry.cap = duration_option(args, "retry-cap", d.retry.cap);
-    d.retry.max_attempts = static_cast<int>(parse_int(args, "max-attempts", d.retry.max_attempts, 1, 1000));
-    if (auto list = args.get("permanent-statuses")) {
-        d.retry.permanent_statuses = usage_checked("permanent-statuses", [&] { return parse_status_list(*list); });
-    }
-    if (auto list = args.get("throttle-statuses")) {
-        d.retry.throttle_statuses = usage_checked("throttle-statuses", [&] { return parse_status_list(*list); });
-    }
-    auto secrets = args.all("signing-secret");
-    if (secrets.empty()) {
-        if (auto from_env = env("OUTBOXD_SIGNING_SECRETS")) secrets.push_back(*from_env);
-    }
-    for (const auto& text : secrets) {
-        auto parsed = usage_checked("signing-secret", [&] { return parse_signing_secrets(text); });
-        std::move(parsed.begin(), parsed.end(), std::back_inserter(d.signing_secrets));
-    }
-    using std::chrono::milliseconds;
-    if (c.sweep_interval < milliseconds(100)) throw fatal_error(exit_usage, "--sweep-interval: at least 100ms");
-    if (d.connect_timeout < milliseconds(1) || d.request_timeout < milliseconds(1)) {
-        throw fatal_error(exit_usage, "--connect-timeout and --request-timeout must be at least 1ms");
-    }
-    if (d.retry.base > d.retry.cap) throw fatal_error(exit_usage, "--retry-base must not exceed --retry-cap");
-    if (c.lease <= d.connect_timeout + d.request_timeout) {
-        throw fatal_error(exit_usage,
-                          fmt::format("--lease ({}) must be longer than --connect-timeout + --request-timeout ({})",
-                                      format_duration(c.lease), format_duration(d.connect_timeout + d.request_timeout)));
-    }
-    c.destinations.push_back(std::move(d));
-    c.routes.push_back({{">"}, {"default"}});
-    o.dsn = dsn_of(args);
+    o.settings = load_config(args, /*destinations_required=*/true);
+    o.dsn = effective_dsn(o.settings);
     o.lease_owner = make_lease_owner();
     return run_relay(o);
+}
+
+// Validates everything `run` would, and prints the effective configuration
+// with every secret redacted. Touches no database and no endpoint.
+int cmd_check_config(const parsed_args& args) {
+    std::cout << render_config(load_config(args, /*destinations_required=*/true));
+    return exit_ok;
 }
 
 int dispatch(const parsed_args& args) {
@@ -358,6 +354,7 @@ int dispatch(const parsed_args& args) {
     if (args.command == "migrate") return cmd_migrate(args);
     if (args.command == "enqueue") return cmd_enqueue(args);
     if (args.command == "run") return cmd_run(args);
+    if (args.command == "check-config") return cmd_check_config(args);
     if (args.command == "status") return cmd_status(args);
     if (args.command == "dead") return cmd_dead(args);
     throw fatal_error(exit_usage, fmt::format("unknown command '{}'", args.command));

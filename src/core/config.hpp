@@ -70,12 +70,26 @@ struct config {
     std::vector<route_config> routes;
 };
 
-// Where settings come from. Each lookup returns nullopt when absent.
+// Where settings come from. Each lookup returns nullopt when absent; an
+// empty environment variable counts as absent (as it always has). A null
+// function is a source with nothing in it.
 struct config_sources {
     std::optional<std::string> file_text;  // the TOML file's contents, if a file was given
     std::string file_name;                 // for messages
-    std::function<std::optional<std::string>(std::string_view name)> env;   // OUTBOXD_* and DATABASE_URL
-    std::function<std::vector<std::string>(std::string_view flag)> flags;   // e.g. "concurrency" -> values given
+    // OUTBOXD_*, DATABASE_URL, and the variables a file names in
+    // signing_secrets_env (any name): pass a getenv wrapper.
+    std::function<std::optional<std::string>(std::string_view name)> env;
+    // e.g. "concurrency" -> the values given, in order. A flag without a
+    // value (--block-private-addresses) is given as one empty string.
+    std::function<std::vector<std::string>(std::string_view flag)> flags;
+    // Optional check of the database URL the way libpq will read it
+    // (pg::conninfo_error): nullopt when fine, else the complaint, free of
+    // the password. Keeps this file free of libpq.
+    std::function<std::optional<std::string>(const std::string& database_url)> database_url_error;
+    // false for commands that only talk to the database (migrate, status,
+    // dead, enqueue): destinations and routes are then optional, but still
+    // validated when given.
+    bool destinations_required = true;
 };
 
 // Builds and validates the effective configuration. Throws config_error.

@@ -1,27 +1,40 @@
 #pragma once
-// TEMPORARY stand-in until the routing module lands: exact topics and ">".
+// Which destinations an event goes to: the configuration's [[routes]],
+// compiled once at startup and matched once per claimed event.
+//
+// Every route whose topic patterns (topic_pattern.hpp) match the event's
+// topic contributes its destinations. A destination named by several
+// matching routes receives the event once. The result is in the order of
+// config::destinations, whatever the order of the routes, so deliveries of
+// one event are always attempted in the same order.
+
+#include <cstddef>
 #include <string_view>
 #include <vector>
+
 #include "core/config.hpp"
+#include "core/topic_pattern.hpp"
+
 namespace outboxd {
+
 class route_table {
 public:
-    explicit route_table(const config& c) : c_(c) {}
-    [[nodiscard]] std::vector<std::size_t> match(std::string_view topic) const {
-        std::vector<std::size_t> out;
-        for (const auto& r : c_.routes) {
-            for (const auto& p : r.topics) {
-                if (p != ">" && p != topic) continue;
-                for (const auto& name : r.destinations) {
-                    for (std::size_t i = 0; i < c_.destinations.size(); ++i) {
-                        if (c_.destinations[i].name == name && std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
-                    }
-                }
-            }
-        }
-        return out;
-    }
+    // Throws config_error for a pattern that does not parse or a route that
+    // names a destination `c` does not have (resolve_config has already
+    // refused both; this guards configurations built by hand).
+    explicit route_table(const config& c);
+
+    // Indices into c.destinations of every destination whose routes match
+    // `topic`, each once, in config order; empty if no route matches.
+    [[nodiscard]] std::vector<std::size_t> match(std::string_view topic) const;
+
 private:
-    config c_;
+    struct compiled_route {
+        std::vector<topic_pattern> patterns;
+        std::vector<std::size_t> destinations;
+    };
+    std::vector<compiled_route> routes_;
+    std::size_t destination_count_ = 0;
 };
+
 }  // namespace outboxd

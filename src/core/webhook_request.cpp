@@ -10,8 +10,18 @@
 namespace outboxd {
 namespace {
 
+char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+// ASCII case-insensitive; `lower_prefix` is in lower case.
+bool starts_with_ci(std::string_view s, std::string_view lower_prefix) noexcept {
+    return s.size() >= lower_prefix.size() &&
+           std::equal(lower_prefix.begin(), lower_prefix.end(), s.begin(), [](char p, char c) { return p == lower(c); });
+}
+
+}  // namespace
+
 // RFC 9110 token characters.
-bool is_token(std::string_view s) {
+bool is_header_name(std::string_view s) noexcept {
     if (s.empty()) return false;
     return std::all_of(s.begin(), s.end(), [](char ch) {
         const auto c = static_cast<unsigned char>(ch);
@@ -19,28 +29,22 @@ bool is_token(std::string_view s) {
     });
 }
 
-bool is_field_value(std::string_view s) {
+bool is_header_value(std::string_view s) noexcept {
     return std::none_of(s.begin(), s.end(), [](char ch) {
         const auto c = static_cast<unsigned char>(ch);
         return c == '\r' || c == '\n' || c == '\0' || (c < 0x20 && c != '\t') || c == 0x7F;
     });
 }
 
-std::string lower(std::string_view s) {
-    std::string out(s);
-    std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
-    return out;
-}
-
-bool reserved(std::string_view lower_name) {
+bool is_reserved_header(std::string_view name) noexcept {
     static constexpr std::array<std::string_view, 9> framing{
         "host", "content-length", "content-type", "transfer-encoding", "connection",
         "keep-alive", "upgrade", "te", "trailer"};
-    if (std::find(framing.begin(), framing.end(), lower_name) != framing.end()) return true;
-    return lower_name.starts_with("webhook-") || lower_name.starts_with("outbox-");
+    const bool is_framing = std::any_of(framing.begin(), framing.end(), [&](std::string_view f) {
+        return f.size() == name.size() && starts_with_ci(name, f);
+    });
+    return is_framing || starts_with_ci(name, "webhook-") || starts_with_ci(name, "outbox-");
 }
-
-}  // namespace
 
 request_headers_result build_request_headers(const event& e, std::int64_t unix_seconds) {
     request_headers_result out;
@@ -50,20 +54,20 @@ request_headers_result build_request_headers(const event& e, std::int64_t unix_s
     out.headers.emplace_back("outbox-topic", e.topic);
     out.headers.emplace_back("outbox-attempt", fmt::format("{}", e.attempt));
     if (e.ordering_key) out.headers.emplace_back("outbox-ordering-key", *e.ordering_key);
-    if (!is_field_value(e.topic) || (e.ordering_key && !is_field_value(*e.ordering_key))) {
+    if (!is_header_value(e.topic) || (e.ordering_key && !is_header_value(*e.ordering_key))) {
         out.error = "topic or ordering key contains characters not allowed in an HTTP header";
         return out;
     }
     for (const auto& [name, value] : e.headers) {
-        if (!is_token(name)) {
+        if (!is_header_name(name)) {
             out.error = fmt::format("event header name is not a valid HTTP token: '{}'", name);
             return out;
         }
-        if (!is_field_value(value)) {
+        if (!is_header_value(value)) {
             out.error = fmt::format("event header '{}' has a value with control characters", name);
             return out;
         }
-        if (reserved(lower(name))) continue;  // ours win; documented
+        if (is_reserved_header(name)) continue;  // ours win; documented
         out.headers.emplace_back(name, value);
     }
     return out;
@@ -71,9 +75,12 @@ request_headers_result build_request_headers(const event& e, std::int64_t unix_s
 
 void add_destination_headers(header_list& headers, const header_list& destination_headers) {
     for (const auto& [name, value] : destination_headers) {
-        const auto key = lower(name);
-        if (reserved(key)) continue;
-        std::erase_if(headers, [&](const auto& h) { return lower(h.first) == key; });
+        if (is_reserved_header(name)) continue;
+        std::erase_if(headers, [&](const auto& h) {
+            return h.first.size() == name.size() &&
+                   std::equal(name.begin(), name.end(), h.first.begin(),
+                              [](char a, char b) { return lower(a) == lower(b); });
+        });
         headers.emplace_back(name, value);
     }
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "core/event.hpp"
 
@@ -29,5 +30,14 @@ struct request_headers_result {
 // the same name (case-insensitively); protocol and framing headers are never
 // replaced (configuration refuses them; skipped here too).
 void add_destination_headers(header_list& headers, const header_list& destination_headers);
+
+// The rules above, shared with the static headers of the configuration.
+// An RFC 9110 token: what a header name may be.
+[[nodiscard]] bool is_header_name(std::string_view name) noexcept;
+// No CR, LF, NUL or other control character except HTAB.
+[[nodiscard]] bool is_header_value(std::string_view value) noexcept;
+// Case-insensitive: the framing and hop-by-hop headers (Host,
+// Content-Length, Connection, ...) and every webhook-* and outbox-* name.
+[[nodiscard]] bool is_reserved_header(std::string_view name) noexcept;
 
 }  // namespace outboxd
