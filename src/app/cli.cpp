@@ -17,7 +17,7 @@ struct option_spec {
     bool takes_value = true;
 };
 
-constexpr std::array<option_spec, 31> known_options{{
+constexpr std::array<option_spec, 32> known_options{{
     {"config", ""},
     {"database-url", ""},
     {"schema", ""},
@@ -38,6 +38,7 @@ constexpr std::array<option_spec, 31> known_options{{
     {"retry-cap", "run check-config"},
     {"max-attempts", "run check-config"},
     {"shutdown-timeout", "run check-config"},
+    {"idempotency-retention", "run check-config"},
     {"permanent-statuses", "run check-config"},
     {"throttle-statuses", "run check-config"},
     {"signing-secret", "run check-config", true},
@@ -186,6 +187,7 @@ each also as OUTBOXD_<NAME>, e.g. OUTBOXD_CONCURRENCY):
   --retry-cap DURATION      longest retry delay, default 6h
   --max-attempts N          attempts before dead letters, default 20
   --shutdown-timeout DURATION  wait for in-flight deliveries on SIGTERM, default 10s
+  --idempotency-retention DURATION  forget idempotency keys after this, default 168h (0s: never)
   --permanent-statuses LIST dead-letter at once on these, default 410
   --throttle-statuses LIST  honour Retry-After on these, default 429,502,503,504
   --signing-secret whsec_…  sign requests (Standard Webhooks v1); repeat to rotate keys.

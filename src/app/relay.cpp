@@ -336,7 +336,23 @@ private:
         sweep_timer_.async_wait([this](const boost::system::error_code& ec) {
             if (ec || dispatch_.stopping()) return;
             wake();
+            purge_idempotency_keys();
             arm_sweep();
+        });
+    }
+
+    // Housekeeping on the outcome connection, off the claim path; a failure
+    // is only logged (the next sweep tries again).
+    void purge_idempotency_keys() {
+        if (cfg_.idempotency_retention.count() == 0) return;
+        outcome_worker_.submit([this, retention = cfg_.idempotency_retention](pg::store& store) {
+            try {
+                if (const auto purged = store.purge_idempotency_keys(retention); purged > 0) {
+                    log::debug("forgot idempotency keys", {{"count", fmt::format("{}", purged)}});
+                }
+            } catch (const std::exception& e) {
+                log::warn("purging idempotency keys failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+            }
         });
     }
 

@@ -65,6 +65,10 @@ struct config {
     std::chrono::milliseconds lease{30'000};
     std::chrono::milliseconds sweep_interval{30'000};
     std::chrono::milliseconds shutdown_timeout{10'000};
+    // Idempotency keys older than this are forgotten (the relay purges them
+    // at every sweep): a producer retrying with the same key later makes a
+    // new event. 0 keeps them forever.
+    std::chrono::milliseconds idempotency_retention{7 * 24 * 3'600'000};
     bool block_private_addresses = false; // egress (SSRF) guard
     std::vector<destination_config> destinations;
     std::vector<route_config> routes;

@@ -268,6 +268,10 @@ WHERE e.id = ANY($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM :"schema".deliveries d WHERE d.event_id = e.id)
 RETURNING e.id;
 
+-- name: purge_idempotency_keys
+-- $1 = retention in ms. Returns how many keys were forgotten.
+SELECT :"schema".purge_idempotency_keys($1 * interval '1 millisecond');
+
 -- name: enqueue
 SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval '1 millisecond');
 

@@ -86,7 +86,8 @@ void store::connect() {
     }
     queries_.prepare(*c, {"claim", "claim_deliveries", "complete", "reschedule", "bury", "release", "enqueue", "fan_out",
                           "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
-                          "reschedule_delivery", "bury_delivery", "delete_finished_events"});
+                          "reschedule_delivery", "bury_delivery", "delete_finished_events",
+                          "purge_idempotency_keys"});
     conn_ = std::move(c);
 }
 
@@ -274,6 +275,14 @@ std::size_t store::release() {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         return static_cast<std::size_t>(tx.exec_prepared("release", owner_).size());
+    });
+}
+
+std::int64_t store::purge_idempotency_keys(std::chrono::milliseconds retention) {
+    return guarded([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return tx.exec_prepared1("purge_idempotency_keys", static_cast<long long>(retention.count()))[0]
+            .as<std::int64_t>();
     });
 }
 

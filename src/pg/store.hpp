@@ -146,6 +146,9 @@ public:
 
     [[nodiscard]] std::int64_t enqueue(const new_event& e);
 
+    // Forgets idempotency keys older than `retention`. Returns how many.
+    std::int64_t purge_idempotency_keys(std::chrono::milliseconds retention);
+
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
 
 private:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from helpers import duplicates, wait_delivered
+from helpers import duplicates, wait_delivered, wait_until
 
 
 def warm_up(db, rx, timeout: float = 10.0) -> int:
@@ -186,3 +186,17 @@ def test_delayed_event_is_delivered_when_due_and_not_before(db, outboxd, receive
     assert arrived >= 1.4, f"delivered {arrived:.2f}s after enqueue, before its 1.5s delay"
     assert arrived < 3.5, f"delivered {arrived:.2f}s after enqueue; the due timer is late"
     assert db.wait_empty(timeout=5)
+
+
+def test_the_relay_forgets_idempotency_keys_after_the_retention(db, receiver, relay):
+    relay(receiver, "--idempotency-retention", "1h", "--sweep-interval", "200ms")
+    first = db.enqueue("orders.created", {"n": 1}, idempotency_key="order-1")
+    kept = db.enqueue("orders.created", {"n": 2}, idempotency_key="order-2")
+    assert wait_delivered(receiver, [first, kept], 10)
+    assert db.enqueue("orders.created", {"n": 1}, idempotency_key="order-1") == first
+    # Age one key past the retention: the next sweep forgets it, not the other.
+    db.query("UPDATE {s}.idempotency_keys SET created_at = now() - interval '2 hours' "
+             "WHERE idempotency_key = 'order-1' RETURNING 1")
+    assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.idempotency_keys") == 1, 5)
+    assert db.enqueue("orders.created", {"n": 1}, idempotency_key="order-1") != first
+    assert db.enqueue("orders.created", {"n": 2}, idempotency_key="order-2") == kept

@@ -91,6 +91,23 @@ TEST_CASE("enqueue: a repeated idempotency key returns the first id, even after 
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
 }
 
+TEST_CASE("purge_idempotency_keys forgets old keys only; the key then makes a new event") {
+    installed db;
+    auto s = db.store("a");
+    auto e = ev("t");
+    e.idempotency_key = "order-7";
+    const auto first = s.enqueue(e);
+    e.idempotency_key = "order-8";
+    (void)s.enqueue(e);
+    CHECK(s.purge_idempotency_keys(1h) == 0);
+    db.query("UPDATE {s}.idempotency_keys SET created_at = now() - interval '2 hours' "
+             "WHERE idempotency_key = 'order-7' RETURNING 1");
+    CHECK(s.purge_idempotency_keys(1h) == 1);
+    e.idempotency_key = "order-7";
+    CHECK(s.enqueue(e) != first);
+    CHECK(db.query("SELECT count(*) FROM {s}.idempotency_keys") == "2");
+}
+
 TEST_CASE("enqueue: concurrent producers with one idempotency key make one event") {
     installed db;
     std::vector<std::future<std::int64_t>> producers;

@@ -593,6 +593,8 @@ TEST_CASE("config: table of file errors: every key, wrong type and invalid value
          "t.toml:2:1: relay.shutdown_timeout: expected a duration like \"5s\" or \"250ms\", got an array"},
         {"[relay]\nshutdown_timeout = \"-1s\"\n",
          "t.toml:2:1: relay.shutdown_timeout: expected a duration like \"5s\" or \"250ms\", got \"-1s\""},
+        {"[relay]\nidempotency_retention = \"forever\"\n",
+         "t.toml:2:1: relay.idempotency_retention: expected a duration like \"5s\" or \"250ms\", got \"forever\""},
         {"[relay]\nlog_level = 1\n", "t.toml:2:1: relay.log_level: expected debug, info, warn or error, got 1"},
         {"[relay]\nlog_level = \"chatty\"\n",
          "t.toml:2:1: relay.log_level: expected debug, info, warn or error, got \"chatty\""},
