@@ -267,17 +267,29 @@ private:
                 // of a failed destination are older than new events); the
                 // event claim then says whether any are due now.
                 std::vector<event> got;
+                // Whether a statement came back full: then more may be due.
+                bool full = false;
                 const bool tried_deliveries = deliveries_due_;
-                if (tried_deliveries) got = store.claim_deliveries(n, lease, busy);
-                auto claimed = store.claim(n - got.size(), lease);
+                if (tried_deliveries) {
+                    got = store.claim_deliveries(n, lease, busy);
+                    full = got.size() == n;
+                }
+                // Events come in prepared sizes (powers of two), at most what is left.
+                const auto size = pg::claim_size(n - got.size());
+                auto claimed = store.claim(size, lease);
+                full = full || (size > 0 && claimed.events.size() == size);
                 std::move(claimed.events.begin(), claimed.events.end(), std::back_inserter(got));
                 if (!tried_deliveries && claimed.deliveries_due && got.size() < n) {
-                    auto more = store.claim_deliveries(n - got.size(), lease, busy);
+                    const auto limit = n - got.size();
+                    auto more = store.claim_deliveries(limit, lease, busy);
+                    full = full || more.size() == limit;
                     std::move(more.begin(), more.end(), std::back_inserter(got));
                 }
                 deliveries_due_ = claimed.deliveries_due;
-                net::post(ioc_, [this, n, got = std::move(got), next_due = claimed.next_due]() mutable {
-                    on_claimed(std::move(got), n);
+                // The dispatcher reads "got as many as asked" as "more may be due".
+                const auto asked = full ? got.size() : got.size() + 1;
+                net::post(ioc_, [this, asked, got = std::move(got), next_due = claimed.next_due]() mutable {
+                    on_claimed(std::move(got), asked);
                     // Retries and delayed events fire on time, not at the next sweep.
                     on_next_due(next_due);
                 });

@@ -49,7 +49,12 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- Deliveries are claimed by a statement of their own, run only when some are
 -- due (the last column of the extra row): planning this one stays as cheap
 -- as it was before destinations existed, and the fast path pays nothing.
--- $1 = how many (free delivery slots), $2 = lease owner, $3 = lease in ms.
+-- $1 = lease owner, $2 = lease in ms. :claim_size is a literal: the store
+-- prepares one statement per claim size (1, 2, 4, ... 1024), so that
+-- PostgreSQL plans each once (a generic plan is as good as a custom one when
+-- the LIMIT is known) instead of at every claim; planning cost 0.55 ms per
+-- claim, more than executing it. With LIMIT $1 the generic plan is ~100x
+-- slower, so the size cannot be a parameter.
 WITH due AS (
     SELECT e.id
     FROM :"schema".events e
@@ -60,14 +65,14 @@ WITH due AS (
                 AND NOT other.fanned_out
                 AND (other.id < e.id OR (other.lease_owner IS NOT NULL AND other.available_at > now()))))
     ORDER BY e.available_at, e.id
-    LIMIT $1
+    LIMIT :claim_size
     FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
     UPDATE :"schema".events e
     SET attempts = e.attempts + 1,
-        lease_owner = $2,
-        available_at = now() + $3 * interval '1 millisecond'
+        lease_owner = $1,
+        available_at = now() + $2 * interval '1 millisecond'
     FROM due
     WHERE e.id = due.id
     RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts

@@ -68,6 +68,15 @@ std::optional<std::string> status_text(std::optional<int> status) {
 
 }  // namespace
 
+constexpr std::size_t largest_claim = 1024;
+
+std::size_t claim_size(std::size_t wanted) noexcept {
+    if (wanted == 0) return 0;
+    std::size_t size = 1;
+    while (size * 2 <= wanted && size * 2 <= largest_claim) size *= 2;
+    return size;
+}
+
 store::store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session)
     : dsn_(std::move(dsn)),
       schema_(std::move(schema)),
@@ -84,7 +93,17 @@ void store::connect() {
         pqxx::nontransaction tx(*c);
         tx.exec("SET synchronous_commit = off");  // see the constructor's comment
     }
-    queries_.prepare(*c, {"claim", "claim_deliveries", "complete", "reschedule", "bury", "release", "enqueue", "fan_out",
+    const auto& claim_template = queries_.sql("claim");
+    // Size 0 claims nothing and still reports what is due next.
+    for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
+        auto text = claim_template;
+        constexpr std::string_view placeholder = "LIMIT :claim_size";
+        const auto at = text.find(placeholder);
+        if (at == std::string::npos) throw std::logic_error("the claim in queries.sql lost its LIMIT :claim_size");
+        text.replace(at, placeholder.size(), fmt::format("LIMIT {}", size));
+        c->prepare(fmt::format("claim_{}", size), text);
+    }
+    queries_.prepare(*c, {"claim_deliveries", "complete", "reschedule", "bury", "release", "enqueue", "fan_out",
                           "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
                           "reschedule_delivery", "bury_delivery", "delete_finished_events",
                           "purge_idempotency_keys"});
@@ -136,7 +155,8 @@ event read_claimed(const pqxx::row& row) {
 claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease) {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        const auto r = tx.exec_prepared("claim", static_cast<long long>(limit), owner_,
+        const auto size = claim_size(limit);
+        const auto r = tx.exec_prepared(fmt::format("claim_{}", size), owner_,
                                         static_cast<long long>(lease.count()));
         claim_result out;
         out.events.reserve(r.size());

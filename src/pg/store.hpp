@@ -94,6 +94,10 @@ struct claim_result {
     bool deliveries_due = false;
 };
 
+// Claims come in sizes 1, 2, 4, ... 1024, one prepared statement each (see
+// the claim in queries.sql). The largest of them not above `wanted`; 0 for 0.
+[[nodiscard]] std::size_t claim_size(std::size_t wanted) noexcept;
+
 class store {
 public:
     // relay_session: the relay's bookkeeping (claims, outcomes, releases)
@@ -118,9 +122,9 @@ public:
     // The highest applied migration; nullopt when the outbox is not installed.
     [[nodiscard]] std::optional<int> schema_version();
 
-    // Up to `limit` due events, leased to us for `lease`, and when the next
-    // one (event or delivery) falls due (same statement, so nothing falls
-    // between the two).
+    // Up to claim_size(limit) due events, leased to us for `lease`, and when
+    // the next one (event or delivery) falls due (same statement, so nothing
+    // falls between the two).
     [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease);
     // Up to `limit` due deliveries (event.destination set), leased to us;
     // deliveries to `busy_destinations` are left for later.

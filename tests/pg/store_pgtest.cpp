@@ -155,12 +155,24 @@ TEST_CASE("claim stamps a lease; another relay gets nothing while it holds") {
     CHECK(b.claim(10, 30s).events.empty());
 }
 
+TEST_CASE("claim sizes are powers of two up to 1024, never above what was asked") {
+    CHECK(pg::claim_size(0) == 0);
+    CHECK(pg::claim_size(1) == 1);
+    CHECK(pg::claim_size(3) == 2);
+    CHECK(pg::claim_size(32) == 32);
+    CHECK(pg::claim_size(33) == 32);
+    CHECK(pg::claim_size(1023) == 512);
+    CHECK(pg::claim_size(5000) == 1024);
+}
+
 TEST_CASE("claim never returns more than asked") {
     installed db;
     auto s = db.store("a");
     for (int i = 0; i < 10; ++i) (void)s.enqueue(ev("t"));
-    CHECK(s.claim(3, 30s).events.size() == 3);
-    CHECK(s.claim(100, 30s).events.size() == 7);
+    CHECK(s.claim(0, 30s).events.empty());
+    CHECK(s.claim(3, 30s).events.size() == 2);  // the prepared size below 3
+    CHECK(s.claim(4, 30s).events.size() == 4);
+    CHECK(s.claim(100, 30s).events.size() == 4);
     CHECK(s.claim(100, 30s).events.empty());
 }
 
