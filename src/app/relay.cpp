@@ -151,7 +151,7 @@ public:
         : opts_(o),
           cfg_(opts_.settings),
           routes_(cfg_),
-          store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true),
+          store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/true),
           worker_(store_),
           outcome_store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true),
           outcome_worker_(outcome_store_),
@@ -271,16 +271,26 @@ private:
                 bool full = false;
                 const bool tried_deliveries = deliveries_due_;
                 if (tried_deliveries) {
-                    got = store.claim_deliveries(n, lease, busy);
-                    full = got.size() == n;
+                    const auto limit = pg::claim_size(n);
+                    got = store.claim_deliveries(limit, lease, busy);
+                    full = got.size() == limit;
                 }
                 // Events come in prepared sizes (powers of two), at most what is left.
                 const auto size = pg::claim_size(n - got.size());
-                auto claimed = store.claim(size, lease);
-                full = full || (size > 0 && claimed.events.size() == size);
+                auto claimed = store.claim(size, lease, drain_watermark_);
+                const bool events_full = size > 0 && claimed.events.size() == size;
+                // A full claim means a backlog: the next one starts behind
+                // this one. Anything less ends the drain mode, so the next
+                // claim scans from the start (and finds late commits).
+                if (events_full) {
+                    drain_watermark_ = claimed.last;
+                } else if (size > 0) {
+                    drain_watermark_.reset();
+                }
+                full = full || events_full;
                 std::move(claimed.events.begin(), claimed.events.end(), std::back_inserter(got));
                 if (!tried_deliveries && claimed.deliveries_due && got.size() < n) {
-                    const auto limit = n - got.size();
+                    const auto limit = pg::claim_size(n - got.size());
                     auto more = store.claim_deliveries(limit, lease, busy);
                     full = full || more.size() == limit;
                     std::move(more.begin(), more.end(), std::back_inserter(got));
@@ -659,6 +669,12 @@ private:
                       {{"outcomes", fmt::format("{}", fenced)}});
         }
         if (retry_in && !dispatch_.stopping()) arm_due(*retry_in, false);
+        if (batch.unblocks_key) {
+            // The next event of that key may be behind the drain watermark
+            // (it was skipped while blocked): the next claim scans from the
+            // start. Queued before that claim, on the claim thread.
+            worker_.submit([this](pg::store&) { drain_watermark_.reset(); });
+        }
         // A keyed event finished: the next event of its key may be due.
         start_claim(dispatch_.on_outcomes_recorded(batch.unblocks_key));
         flush_outcomes();
@@ -765,6 +781,8 @@ private:
     // Whether the last claim saw deliveries due. Only the claim worker's
     // thread touches it (its jobs run one at a time).
     bool deliveries_due_ = true;
+    // Where a backlog drain continues (see the claim in queries.sql); same thread.
+    std::optional<pg::claim_watermark> drain_watermark_;
     dispatcher dispatch_;
     net::signal_set signals_;
     net::steady_timer sweep_timer_;

@@ -77,11 +77,12 @@ std::size_t claim_size(std::size_t wanted) noexcept {
     return size;
 }
 
-store::store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session)
+store::store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session, bool plan_once)
     : dsn_(std::move(dsn)),
       schema_(std::move(schema)),
       owner_(std::move(lease_owner)),
       relay_session_(relay_session),
+      plan_once_(plan_once),
       queries_(schema_) {}
 
 store::~store() = default;
@@ -93,21 +94,46 @@ void store::connect() {
         pqxx::nontransaction tx(*c);
         tx.exec("SET synchronous_commit = off");  // see the constructor's comment
     }
-    const auto& claim_template = queries_.sql("claim");
+    if (plan_once_) {
+        pqxx::nontransaction tx(*c);
+        tx.exec("SET plan_cache_mode = force_generic_plan");  // see the constructor's comment
+    }
     // Size 0 claims nothing and still reports what is due next.
     for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
-        auto text = claim_template;
-        constexpr std::string_view placeholder = "LIMIT :claim_size";
-        const auto at = text.find(placeholder);
-        if (at == std::string::npos) throw std::logic_error("the claim in queries.sql lost its LIMIT :claim_size");
-        text.replace(at, placeholder.size(), fmt::format("LIMIT {}", size));
-        c->prepare(fmt::format("claim_{}", size), text);
+        c->prepare(fmt::format("claim_{}", size), claim_sql(size, false));
+        c->prepare(fmt::format("claim_after_{}", size), claim_sql(size, true));
+        c->prepare(fmt::format("claim_deliveries_{}", size), sized("claim_deliveries", size));
     }
-    queries_.prepare(*c, {"claim_deliveries", "complete", "reschedule", "bury", "release", "enqueue", "fan_out",
+    queries_.prepare(*c, {"complete", "reschedule", "bury", "release", "enqueue", "fan_out",
                           "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
                           "reschedule_delivery", "bury_delivery", "delete_finished_events",
                           "purge_idempotency_keys"});
     conn_ = std::move(c);
+}
+
+namespace {
+
+void fill(std::string& text, std::string_view placeholder, const std::string& value) {
+    const auto at = text.find(placeholder);
+    if (at == std::string::npos) throw std::logic_error(fmt::format("a claim in queries.sql lost its {}", placeholder));
+    text.replace(at, placeholder.size(), value);
+}
+
+}  // namespace
+
+// A claim of queries.sql with its size filled in.
+std::string store::sized(std::string_view query, std::size_t size) const {
+    auto text = queries_.sql(query);
+    fill(text, "LIMIT :claim_size", fmt::format("LIMIT {}", size));
+    return text;
+}
+
+// The event claim with its size and watermark filled in.
+std::string store::claim_sql(std::size_t size, bool after_watermark) const {
+    auto text = sized("claim", size);
+    fill(text, "AND :after_watermark",
+         after_watermark ? "AND (e.available_at, e.id) > ($3::timestamptz, $4::bigint)" : "AND true");
+    return text;
 }
 
 bool store::connected() const noexcept { return conn_ && conn_->is_open(); }
@@ -152,12 +178,15 @@ event read_claimed(const pqxx::row& row) {
 
 }  // namespace
 
-claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease) {
+claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
+                          const std::optional<claim_watermark>& after) {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         const auto size = claim_size(limit);
-        const auto r = tx.exec_prepared(fmt::format("claim_{}", size), owner_,
-                                        static_cast<long long>(lease.count()));
+        const auto r = after ? tx.exec_prepared(fmt::format("claim_after_{}", size), owner_,
+                                                static_cast<long long>(lease.count()), after->available_at, after->id)
+                             : tx.exec_prepared(fmt::format("claim_{}", size), owner_,
+                                                static_cast<long long>(lease.count()));
         claim_result out;
         out.events.reserve(r.size());
         for (const auto& row : r) {
@@ -166,6 +195,7 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease) {
                     out.next_due = std::chrono::milliseconds(std::max<long long>(0, row[7].as<long long>()));
                 }
                 out.deliveries_due = row[8].as<bool>();
+                if (!row[9].is_null()) out.last = claim_watermark{row[9].c_str(), row[10].as<std::int64_t>()};
                 continue;
             }
             auto e = read_claimed(row);
@@ -181,7 +211,7 @@ std::vector<event> store::claim_deliveries(std::size_t limit, std::chrono::milli
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         const auto r = tx.exec_prepared(
-            "claim_deliveries", static_cast<long long>(limit), owner_, static_cast<long long>(lease.count()),
+            fmt::format("claim_deliveries_{}", claim_size(limit)), owner_, static_cast<long long>(lease.count()),
             text_array(busy_destinations, [](const std::string& d) { return std::optional(d); }));
         std::vector<event> out;
         out.reserve(r.size());

@@ -200,3 +200,26 @@ def test_the_relay_forgets_idempotency_keys_after_the_retention(db, receiver, re
     assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.idempotency_keys") == 1, 5)
     assert db.enqueue("orders.created", {"n": 1}, idempotency_key="order-1") != first
     assert db.enqueue("orders.created", {"n": 2}, idempotency_key="order-2") == kept
+
+
+def test_an_event_committed_late_during_a_backlog_drain_is_not_left_behind(db, receiver, relay):
+    # A producer's transaction starts (its events are due from its start)
+    # and commits while a backlog of later events drains. The drain claims
+    # behind a watermark; the late event must still go out when the drain
+    # ends, not at the sweep an hour later.
+    import psycopg2
+    late_conn = psycopg2.connect(db.url)
+    try:
+        late = db.enqueue("late", {"n": 0}, conn=late_conn, commit=False)
+        with db.conn.cursor() as cur:
+            cur.execute(f'INSERT INTO "{db.schema}".events (topic, payload) '
+                        "SELECT 'backlog', '{}' FROM generate_series(1, 600)")
+        db.conn.commit()
+        relay(receiver, "--concurrency", "4", "--sweep-interval", "1h")
+        assert receiver.wait_for(100, timeout=30)
+        late_conn.commit()
+        assert db.wait_empty(timeout=60), db.count_events()
+        assert late in {r.event_id for r in receiver.snapshot()}
+        assert not duplicates([r.event_id for r in receiver.snapshot()])
+    finally:
+        late_conn.close()

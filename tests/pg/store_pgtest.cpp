@@ -384,3 +384,23 @@ TEST_CASE("another relay's claim reports when a lease expires, so a crashed rela
     CHECK(*r.next_due > 4s);
     CHECK(*r.next_due <= 5s);
 }
+
+TEST_CASE("a claim behind a watermark skips what lies before it; a claim without one finds it") {
+    installed db;
+    auto s = db.store("a");
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < 6; ++i) ids.push_back(s.enqueue(ev("t")));
+    const auto first = s.claim(2, 30s);
+    REQUIRE(ids_of(first.events) == std::vector<std::int64_t>{ids[0], ids[1]});
+    REQUIRE(first.last.has_value());
+    CHECK(first.last->id == ids[1]);
+    // A late commit: due earlier than everything claimed so far.
+    db.query("UPDATE {s}.events SET available_at = now() - interval '1 hour' WHERE id = " +
+             std::to_string(ids[5]) + " RETURNING 1");
+    const auto second = s.claim(2, 30s, first.last);
+    CHECK(ids_of(second.events) == std::vector<std::int64_t>{ids[2], ids[3]});
+    CHECK(second.last->id == ids[3]);
+    CHECK(ids_of(s.claim(4, 30s, second.last).events) == std::vector<std::int64_t>{ids[4]});
+    // Without the watermark, the late one is first in line.
+    CHECK(ids_of(s.claim(4, 30s).events) == std::vector<std::int64_t>{ids[5]});
+}
