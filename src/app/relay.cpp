@@ -278,10 +278,19 @@ private:
                 // Events come in prepared sizes (powers of two), at most what is left.
                 const auto size = pg::claim_size(n - got.size());
                 auto claimed = store.claim(size, lease, drain_watermark_);
+                if (drain_watermark_ && claimed.events.size() < size) {
+                    // The drain reached its end: look once more from the
+                    // start, for what committed late behind the watermark
+                    // (its NOTIFY came and went while we were draining).
+                    drain_watermark_.reset();
+                    auto behind = store.claim(pg::claim_size(size - claimed.events.size()), lease);
+                    std::move(behind.events.begin(), behind.events.end(), std::back_inserter(claimed.events));
+                    claimed.next_due = behind.next_due;
+                    claimed.deliveries_due = behind.deliveries_due;
+                }
                 const bool events_full = size > 0 && claimed.events.size() == size;
                 // A full claim means a backlog: the next one starts behind
-                // this one. Anything less ends the drain mode, so the next
-                // claim scans from the start (and finds late commits).
+                // this one. Anything less ends the drain mode.
                 if (events_full) {
                     drain_watermark_ = claimed.last;
                 } else if (size > 0) {
