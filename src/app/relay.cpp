@@ -320,7 +320,9 @@ private:
 
     void on_claimed(std::vector<event> claimed, std::size_t asked) {
         claim_backoff_.reset();
-        if (!claimed.empty()) log::debug("claimed", {{"count", fmt::format("{}", claimed.size())}});
+        if (!claimed.empty() && log::enabled(log::level::debug)) {
+            log::debug("claimed", {{"count", fmt::format("{}", claimed.size())}});
+        }
         // Count the batch as in flight before delivering any of it: an event
         // that cannot be sent finishes inside deliver().
         const auto next = dispatch_.on_claimed(claimed.size(), asked);
@@ -499,6 +501,8 @@ private:
     }
 
     void log_result(std::int64_t id, const destination_result& res, std::int32_t attempt, std::size_t us) {
+        // Per event: build the fields only when the line is written.
+        if (res.outcome.what == delivery_outcome::kind::delivered && !log::enabled(log::level::debug)) return;
         const auto& name = cfg_.destinations[res.destination].name;
         const auto event_id = fmt::format("{}", id);
         switch (res.outcome.what) {
