@@ -376,14 +376,13 @@ public:
         // connection is unusable. EAGAIN = nothing to read, still open.
         // This catches almost every stale connection before a request is
         // wasted on it; the retry in on_write/on_read covers the race left.
-        // TLS: waiting bytes are an encrypted record that may be harmless (a
-        // late session ticket) or a close_notify, which cannot be told apart
-        // without reading; such a connection counts as usable, and a
-        // close_notify then ends in the one retry.
-        char byte = 0;
-        ssize_t const n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n > 0) return is_tls;
-        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+        if constexpr (is_tls) {
+            return only_harmless_tls_records();
+        } else {
+            char byte = 0;
+            ssize_t const n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+        }
     }
 
     void close() noexcept override { close_socket(); }
@@ -407,6 +406,26 @@ private:
         } else {
             return nullptr;
         }
+    }
+
+    // The TLS form of usable()'s peek. What the server sent may already sit
+    // inside the TLS stream, read from the socket together with the last
+    // response, and records must be decrypted to be told apart: so the
+    // stream itself is read, without blocking. Records that carry no data
+    // (TLS 1.3 session tickets, key updates; servers send them whenever they
+    // like) are consumed and leave the connection usable; a close_notify
+    // (eof), a closed socket, an error or application data (an unsolicited
+    // response) do not. "Would block" = nothing left, still open.
+    bool only_harmless_tls_records() noexcept {
+        auto& socket = tcp_layer().socket();
+        beast::error_code ec;
+        socket.non_blocking(true, ec);  // for this synchronous read only
+        if (ec) return false;
+        char byte = 0;
+        std::size_t const n = stream_->read_some(net::buffer(&byte, 1), ec);
+        beast::error_code ignored;
+        socket.non_blocking(false, ignored);
+        return n == 0 && ec == net::error::would_block;
     }
 
     void close_socket() noexcept {
@@ -663,16 +682,10 @@ private:
         // HTTP/1.0 responses and `Connection: close` end the connection, and
         // so does a body delimited by EOF, or bytes after the response (the
         // server is out of step with us).
+        // (TLS: bytes still inside the TLS stream are found by usable().)
         bool const reusable = body_complete && res.version() == 11 && parser_->keep_alive() &&
-                              !parser_->need_eof() && buffer_.size() == 0 && !decrypted_bytes_pending();
+                              !parser_->need_eof() && buffer_.size() == 0;
         finish(std::move(s), reusable);
-    }
-
-    // TLS: bytes already decrypted but not yet read are, like bytes left in
-    // buffer_, something the server sent after the response.
-    [[nodiscard]] bool decrypted_bytes_pending() noexcept {
-        SSL* const session = tls_session();
-        return session != nullptr && SSL_pending(session) > 0;
     }
 
     void fail(const beast::error_code& ec) {

@@ -60,6 +60,8 @@ public:
         respond,                    // answer, keep the connection
         respond_then_close,         // answer, then close TCP without a close_notify
         respond_then_close_notify,  // answer, then send a close_notify and close
+        respond_then_ticket,        // answer, then send a TLS 1.3 session ticket; keep the connection
+        respond_then_unsolicited,   // answer, then send a second, unasked-for response; keep the connection
         close,                      // close TCP without answering
     };
     // (connection number from 1, request number on that connection from 0)
@@ -91,6 +93,7 @@ public:
     int handshakes = 0;         // TLS handshakes completed
     int failed_handshakes = 0;  // TLS handshakes that failed
     int open = 0;               // connections currently open (as far as the server knows)
+    int extras_sent = 0;        // tickets and unsolicited responses written
     std::vector<test_request> seen;
 
 private:
@@ -139,11 +142,37 @@ private:
                                       self->shut();
                                   } else if (what == action::respond_then_close_notify) {
                                       self->close_notify();
+                                  } else if (what == action::respond_then_ticket) {
+                                      self->send_ticket();
+                                  } else if (what == action::respond_then_unsolicited) {
+                                      self->send_unsolicited();
                                   } else {
                                       self->read();
                                   }
                               });
         }
+
+        // A new session ticket goes out with the next handshake step; on an
+        // established connection that step writes just the ticket.
+        void send_ticket() {
+            REQUIRE(SSL_new_session_ticket(stream_.native_handle()) == 1);
+            stream_.async_handshake(ssl::stream_base::server, [self = shared_from_this()](beast::error_code ec) {
+                if (ec) return self->shut();
+                ++self->server_.extras_sent;
+                self->read();
+            });
+        }
+
+        void send_unsolicited() {
+            net::async_write(stream_, net::buffer(unsolicited),
+                             [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                                 if (ec) return self->shut();
+                                 ++self->server_.extras_sent;
+                                 self->read();
+                             });
+        }
+        static constexpr std::string_view unsolicited =
+            "HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
         // Sends a close_notify; the client never answers one, so the wait
         // for its reply is cut short and the socket closed.
@@ -407,7 +436,7 @@ TEST_CASE("webhook_client tls: a connection the server closed while idle costs n
     net::io_context ioc;
     pki p;
     tls_server server(ioc, p.localhost);
-    SUBCASE("with a close_notify (the client cannot tell it from data without reading)") {
+    SUBCASE("with a close_notify (the client reads it while the connection is idle)") {
         server.behaviour = [](int, int) { return tls_server::action::respond_then_close_notify; };
     }
     SUBCASE("without a close_notify") {
@@ -421,6 +450,43 @@ TEST_CASE("webhook_client tls: a connection the server closed while idle costs n
     CAPTURE(r.error);
     CHECK_FALSE(r.transport_error);
     CHECK(r.status == 200);
+    CHECK(server.accepts == 2);
+    REQUIRE(server.seen.size() == 2);
+    CHECK(server.seen[1].body() == "second");
+}
+
+TEST_CASE("webhook_client tls: a session ticket on an idle connection does not cost the connection") {
+    net::io_context ioc;
+    pki p;
+    tls_server server(ioc, p.localhost);
+    server.behaviour = [](int, int index) {
+        return index == 0 ? tls_server::action::respond_then_ticket : tls_server::action::respond;
+    };
+    webhook_client client(ioc, parse_endpoint_url(server.url("localhost")), p.trusting_options());
+
+    CHECK(post_and_wait(ioc, client, json("first")).status == 200);
+    REQUIRE(run_until(ioc, [&] { return server.extras_sent == 1; }));
+    response_summary const r = post_and_wait(ioc, client, json("second"));
+    CAPTURE(r.error);
+    CHECK(r.status == 200);
+    CHECK(server.accepts == 1);
+    CHECK(server.seen.size() == 2);
+}
+
+TEST_CASE("webhook_client tls: an unsolicited response on an idle connection is never taken for the next answer") {
+    net::io_context ioc;
+    pki p;
+    tls_server server(ioc, p.localhost);
+    server.behaviour = [](int connection, int) {
+        return connection == 1 ? tls_server::action::respond_then_unsolicited : tls_server::action::respond;
+    };
+    webhook_client client(ioc, parse_endpoint_url(server.url("localhost")), p.trusting_options());
+
+    CHECK(post_and_wait(ioc, client, json("first")).status == 200);
+    REQUIRE(run_until(ioc, [&] { return server.extras_sent == 1; }));
+    response_summary const r = post_and_wait(ioc, client, json("second"));
+    CAPTURE(r.error);
+    CHECK(r.status == 200);  // not the 408 that was waiting on connection 1
     CHECK(server.accepts == 2);
     REQUIRE(server.seen.size() == 2);
     CHECK(server.seen[1].body() == "second");
