@@ -13,9 +13,9 @@ public:
                                        .connect_timeout = d.connect_timeout,
                                        .request_timeout = d.request_timeout,
                                        .max_body_excerpt = 1024,
-                                       .user_agent = fmt::format("outboxd/{}", OUTBOXD_VERSION)}) {
-        (void)block_private_addresses;
-    }
+                                       .user_agent = fmt::format("outboxd/{}", OUTBOXD_VERSION),
+                                       .tls = d.tls,
+                                       .block_private_addresses = block_private_addresses}) {}
 
     void send(const event& e, header_list headers, std::function<void(http::response_summary)> done) override {
         client_.post(http::outgoing_request{e.payload, std::move(headers)}, std::move(done));

@@ -21,6 +21,7 @@
 #include "core/event.hpp"
 #include "core/retry_policy.hpp"
 #include "core/signing.hpp"
+#include "core/tls_settings.hpp"
 #include "core/url.hpp"
 
 namespace outboxd {
@@ -28,11 +29,6 @@ namespace outboxd {
 class config_error : public std::runtime_error {
 public:
     using std::runtime_error::runtime_error;
-};
-
-struct tls_settings {
-    bool verify = true;                   // false only when asked; logged loudly
-    std::optional<std::string> ca_file;   // PEM bundle; default: the system CAs
 };
 
 enum class transport { webhook, stdout_lines };

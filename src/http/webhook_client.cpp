@@ -1,5 +1,6 @@
 // HTTP/1.1 webhook client: a bounded pool of keep-alive connections to one
-// endpoint, on Boost.Beast, single-threaded on the caller's io_context.
+// endpoint, plain or TLS, on Boost.Beast, single-threaded on the caller's
+// io_context.
 //
 // Shape:
 //   webhook_client ── impl (= pool) ── FIFO queue of pending requests
@@ -15,21 +16,36 @@
 // A request's life: post() → queue → dispatch() hands it to an idle
 // connection (most recently used first; a cheap non-blocking peek drops ones
 // the server has closed) or opens a new one while fewer than max_connections
-// exist → [resolve → connect] → write → read → finished(): the connection
-// goes back to idle (or is closed), the next queued request is started, then
-// `done` runs. Every step runs in a completion handler, so `done` is never
-// called from inside post().
+// exist → [resolve → egress check → connect → TLS handshake] → write → read
+// → finished(): the connection goes back to idle (or is closed), the next
+// queued request is started, then `done` runs. Every step runs in a
+// completion handler, so `done` is never called from inside post().
 //
-// Deadlines: resolve + connect share one deadline (connect_timeout); write +
+// Deadlines: resolve + connect + TLS handshake share one deadline
+// (connect_timeout: everything it takes to get a usable connection); write +
 // read share another (request_timeout), both through tcp_stream's timer
 // (the resolver gets a steady_timer, as tcp_stream does not cover it).
 //
-// The stream type is a template parameter of `connection` so HTTPS can add
-// `connection<beast::ssl_stream<beast::tcp_stream>>` with a handshake step in
-// on_connected(); everything else already goes through get_lowest_layer().
+// TLS: `connection` is a template on its stream type; https endpoints get
+// connection<beast::ssl_stream<beast::tcp_stream>>, which adds the handshake
+// after connect, and everything else goes through get_lowest_layer(). One
+// ssl::context per client holds the trust store (loaded once). Every
+// (re)connect makes a fresh stream: an OpenSSL session object cannot be
+// handshaken again once its connection has closed. No close_notify is sent
+// on close: HTTP/1.1 framing already tells where every message ends, so a
+// truncation cannot go unnoticed, and a two-way TLS shutdown would wait on
+// the server (delaying close and process exit) for no benefit.
+//
+// Egress guard (block_private_addresses): every address is classified
+// (core/address_policy) after resolution and right before connecting, and
+// only global ones are handed to connect, so a name that resolves (or is
+// re-bound) to an internal address is refused as well as an IP literal.
 
 #include "http/webhook_client.hpp"
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -41,6 +57,7 @@
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -48,15 +65,20 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <fmt/format.h>
+
+#include "core/address_policy.hpp"
 
 namespace outboxd::http {
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 using clock_type = std::chrono::steady_clock;
+using tls_stream = beast::ssl_stream<beast::tcp_stream>;
 
 namespace {
 
@@ -179,10 +201,83 @@ bool is_reserved_header(http::field f) noexcept {
 
 // Errors that mean "the server closed this connection" rather than "the
 // server is broken": on a reused connection they trigger the one retry.
+// TLS adds stream_truncated: the server closed without a close_notify, which
+// is how most of them drop an idle connection.
 bool is_stale_connection_error(const beast::error_code& ec) noexcept {
     return ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
-           ec == net::error::broken_pipe || ec == net::error::connection_aborted || ec == net::error::not_connected;
+           ec == net::error::broken_pipe || ec == net::error::connection_aborted ||
+           ec == net::error::not_connected || ec == ssl::error::stream_truncated;
 }
+
+// The newest OpenSSL error's reason, for messages (empty queue: a fallback).
+std::string openssl_reason() {
+    unsigned long const code = ERR_peek_last_error();
+    ERR_clear_error();
+    char const* reason = code == 0 ? nullptr : ERR_reason_error_string(code);
+    return reason != nullptr ? reason : "unknown OpenSSL error";
+}
+
+// ec.message(), except for an OpenSSL error that wraps a system error
+// (e.g. a CA file that cannot be opened), which OpenSSL 3 gives no reason
+// string (Asio then says only "asio.ssl error"): that one gets strerror's.
+std::string describe_ssl_error(const beast::error_code& ec) {
+    if (ec.category() == net::error::get_ssl_category()) {
+        auto const code = static_cast<unsigned long>(static_cast<unsigned int>(ec.value()));
+        if (ERR_SYSTEM_ERROR(code)) return std::system_category().message(ERR_GET_REASON(code));
+    }
+    return ec.message();
+}
+
+// Why a TLS handshake failed, e.g. "certificate verify failed (hostname
+// mismatch)": OpenSSL's reason plus, for a rejected certificate, the
+// verifier's own explanation.
+std::string describe_handshake_error(const beast::error_code& ec, const SSL* session) {
+    if (ec.category() == net::error::get_ssl_category()) {
+        std::string reason = describe_ssl_error(ec);
+        auto const code = static_cast<unsigned long>(static_cast<unsigned int>(ec.value()));
+        if (session != nullptr && ERR_GET_REASON(code) == SSL_R_CERTIFICATE_VERIFY_FAILED) {
+            long const verify = SSL_get_verify_result(session);
+            if (verify != X509_V_OK) reason += fmt::format(" ({})", X509_verify_cert_error_string(verify));
+        }
+        return reason;
+    }
+    if (ec == ssl::error::stream_truncated || ec == net::error::eof) return "connection closed by the server";
+    return describe_ssl_error(ec);
+}
+
+// One ssl::context per client: TLS 1.2 or later, the trust store loaded once.
+void configure_tls(ssl::context& context, const tls_settings& tls) {
+    // TLS 1.0 and 1.1 are deprecated (RFC 8996); webhook receivers all speak 1.2.
+    if (SSL_CTX_set_min_proto_version(context.native_handle(), TLS1_2_VERSION) != 1) {
+        throw std::runtime_error(fmt::format("cannot require TLS 1.2: {}", openssl_reason()));
+    }
+    beast::error_code ec;
+    if (tls.ca_file) {
+        // Only this bundle is trusted: a private CA should not widen into
+        // "private CA or any public one".
+        context.load_verify_file(*tls.ca_file, ec);
+        if (ec) {
+            throw std::invalid_argument(
+                fmt::format("cannot load the CA file '{}': {}", *tls.ca_file, describe_ssl_error(ec)));
+        }
+    } else {
+        context.set_default_verify_paths(ec);
+        if (ec) {
+            throw std::runtime_error(fmt::format("cannot load the system CA certificates: {}", describe_ssl_error(ec)));
+        }
+    }
+    context.set_verify_mode(tls.verify ? ssl::verify_peer : ssl::verify_none);
+}
+
+// "127.0.0.1 (loopback)" when the egress guard refuses `address`, else empty.
+std::string egress_refusal(const net::ip::address& address) {
+    address_class const kind =
+        address.is_v4() ? classify(address.to_v4().to_bytes()) : classify(address.to_v6().to_bytes());
+    if (egress_allowed(kind)) return {};
+    return fmt::format("{} ({})", address.to_string(), describe(kind));
+}
+
+constexpr std::string_view egress_blocked = "egress to private addresses is blocked (block_private_addresses)";
 
 // Everything about the endpoint a connection needs, computed once.
 struct client_config {
@@ -226,6 +321,7 @@ public:
     // For connections.
     [[nodiscard]] net::io_context& ioc() const noexcept { return ioc_; }
     [[nodiscard]] const client_config& config() const noexcept { return config_; }
+    [[nodiscard]] ssl::context& tls_context() noexcept { return *tls_context_; }  // https only
     [[nodiscard]] bool aborted() const noexcept { return aborted_; }
     void finished(connection_base& c, bool reusable, std::function<void(response_summary)>&& done,
                   response_summary&& summary);
@@ -238,6 +334,7 @@ private:
 
     net::io_context& ioc_;
     const client_config config_;
+    std::optional<ssl::context> tls_context_;  // set for https endpoints
     std::deque<pending> queue_;
     std::vector<std::shared_ptr<connection_base>> idle_;  // most recently used last
     std::vector<connection_base*> busy_;                  // each owned by its pending handlers
@@ -251,7 +348,6 @@ public:
     explicit connection(std::shared_ptr<pool> owner)
         : pool_(std::move(owner)),
           config_(pool_->config()),
-          stream_(pool_->ioc()),
           resolver_(pool_->ioc()),
           resolve_timer_(pool_->ioc()) {}
 
@@ -262,7 +358,7 @@ public:
         posted_ = p.posted;
         may_retry_ = true;
         build_request(std::move(p.request));
-        if (tcp_layer().socket().is_open()) {
+        if (stream_ && tcp_layer().socket().is_open()) {
             send();
         } else {
             connect();
@@ -270,6 +366,7 @@ public:
     }
 
     bool usable() noexcept override {
+        if (!stream_) return false;
         auto& socket = tcp_layer().socket();
         if (!socket.is_open()) return false;
         // A server closes idle keep-alive connections whenever it likes
@@ -279,11 +376,13 @@ public:
         // connection is unusable. EAGAIN = nothing to read, still open.
         // This catches almost every stale connection before a request is
         // wasted on it; the retry in on_write/on_read covers the race left.
-        // TLS: unread bytes may then be a TLS record (a late session ticket),
-        // so only n == 0 should count as closed there.
-        char byte = 0;
-        ssize_t const n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+        if constexpr (is_tls) {
+            return only_harmless_tls_records();
+        } else {
+            char byte = 0;
+            ssize_t const n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+        }
     }
 
     void close() noexcept override { close_socket(); }
@@ -295,14 +394,42 @@ public:
     }
 
 private:
-    enum class phase { idle, resolving, connecting, writing, reading };
+    enum class phase { idle, resolving, connecting, handshaking, writing, reading };
+    static constexpr bool is_tls = std::is_same_v<stream_type, tls_stream>;
 
     std::shared_ptr<connection> self() { return std::static_pointer_cast<connection>(shared_from_this()); }
-    beast::tcp_stream& tcp_layer() noexcept { return beast::get_lowest_layer(stream_); }
+    beast::tcp_stream& tcp_layer() noexcept { return beast::get_lowest_layer(*stream_); }
+    // The OpenSSL session of a TLS connection, nullptr for plain TCP.
+    SSL* tls_session() noexcept {
+        if constexpr (is_tls) {
+            return stream_->native_handle();
+        } else {
+            return nullptr;
+        }
+    }
+
+    // The TLS form of usable()'s peek. What the server sent may already sit
+    // inside the TLS stream, read from the socket together with the last
+    // response, and records must be decrypted to be told apart: so the
+    // stream itself is read, without blocking. Records that carry no data
+    // (TLS 1.3 session tickets, key updates; servers send them whenever they
+    // like) are consumed and leave the connection usable; a close_notify
+    // (eof), a closed socket, an error or application data (an unsolicited
+    // response) do not. "Would block" = nothing left, still open.
+    bool only_harmless_tls_records() noexcept {
+        auto& socket = tcp_layer().socket();
+        beast::error_code ec;
+        socket.non_blocking(true, ec);  // for this synchronous read only
+        if (ec) return false;
+        char byte = 0;
+        std::size_t const n = stream_->read_some(net::buffer(&byte, 1), ec);
+        beast::error_code ignored;
+        socket.non_blocking(false, ignored);
+        return n == 0 && ec == net::error::would_block;
+    }
 
     void close_socket() noexcept {
-        // TLS: a close_notify would go here; servers do not need it for
-        // HTTP/1.1 (message framing tells where the body ends).
+        if (!stream_) return;
         beast::error_code ignored;
         tcp_layer().socket().close(ignored);
         try {
@@ -336,40 +463,74 @@ private:
     void connect() {
         reused_ = false;
         buffer_.clear();
-        auto const deadline = clock_type::now() + config_.options.connect_timeout;
+        // A fresh stream for every connection (see the top of this file).
+        if constexpr (is_tls) {
+            stream_.emplace(pool_->ioc(), pool_->tls_context());
+        } else {
+            stream_.emplace(pool_->ioc());
+        }
+        connect_deadline_ = clock_type::now() + config_.options.connect_timeout;
         if (config_.literal) {
             phase_ = phase::connecting;
-            tcp_layer().expires_at(deadline);
-            tcp_layer().async_connect(tcp::endpoint(*config_.literal, config_.port),
-                                      [self = self()](beast::error_code ec) { self->on_connect(ec); });
+            tcp::endpoint const target(*config_.literal, config_.port);
+            if (config_.options.block_private_addresses) {
+                if (std::string refused = egress_refusal(target.address()); !refused.empty()) {
+                    // Through the loop: connect() may run inside post().
+                    net::post(pool_->ioc(), [self = self(), refused = std::move(refused)] {
+                        self->fail(fmt::format("refused to connect to {}: {}", refused, egress_blocked));
+                    });
+                    return;
+                }
+            }
+            tcp_layer().expires_at(connect_deadline_);
+            tcp_layer().async_connect(target, [self = self()](beast::error_code ec) { self->on_connect(ec); });
             return;
         }
         phase_ = phase::resolving;
         resolve_timed_out_ = false;
         std::uint64_t const generation = ++resolve_generation_;
-        resolve_timer_.expires_at(deadline);
+        resolve_timer_.expires_at(connect_deadline_);
         resolve_timer_.async_wait([self = self(), generation](beast::error_code ec) {
             if (ec || self->resolve_generation_ != generation || self->phase_ != phase::resolving) return;
             self->resolve_timed_out_ = true;
             self->resolver_.cancel();
         });
-        resolver_.async_resolve(
-            config_.endpoint.host, config_.endpoint.port,
-            [self = self(), deadline](beast::error_code ec, const tcp::resolver::results_type& results) {
-                self->on_resolve(ec, results, deadline);
-            });
+        resolver_.async_resolve(config_.endpoint.host, config_.endpoint.port,
+                                [self = self()](beast::error_code ec, const tcp::resolver::results_type& results) {
+                                    self->on_resolve(ec, results);
+                                });
     }
 
-    void on_resolve(beast::error_code ec, const tcp::resolver::results_type& results,
-                    clock_type::time_point deadline) {
+    void on_resolve(beast::error_code ec, const tcp::resolver::results_type& results) {
         resolve_timer_.cancel();
         if (ec) {
             fail(resolve_timed_out_ ? beast::error::timeout : ec);
             return;
         }
         phase_ = phase::connecting;
-        tcp_layer().expires_at(deadline);
-        tcp_layer().async_connect(results, [self = self()](beast::error_code ec2, const tcp::endpoint& /*ep*/) {
+        // The guard looks at the addresses we are about to connect to, not at
+        // the name: DNS may point any name anywhere, and may change its answer
+        // between two connections (rebinding).
+        std::vector<tcp::endpoint> targets;
+        std::string first_refused;
+        std::size_t refused = 0;
+        for (auto const& entry : results) {
+            std::string why;
+            if (config_.options.block_private_addresses) why = egress_refusal(entry.endpoint().address());
+            if (why.empty()) {
+                targets.push_back(entry.endpoint());
+            } else if (refused++ == 0) {
+                first_refused = std::move(why);
+            }
+        }
+        if (targets.empty() && refused > 0) {
+            std::string const more = refused > 1 ? fmt::format(" (and {} more refused addresses)", refused - 1) : "";
+            fail(fmt::format("refused to connect to {} at {}{}: {}", config_.endpoint.host, first_refused, more,
+                             egress_blocked));
+            return;
+        }
+        tcp_layer().expires_at(connect_deadline_);
+        tcp_layer().async_connect(targets, [self = self()](beast::error_code ec2, const tcp::endpoint& /*ep*/) {
             self->on_connect(ec2);
         });
     }
@@ -383,11 +544,49 @@ private:
         // to 40 ms per request on loopback.
         beast::error_code ignored;
         tcp_layer().socket().set_option(tcp::no_delay(true), ignored);
-        on_connected();
+        if constexpr (is_tls) {
+            handshake();
+        } else {
+            send();
+        }
     }
 
-    // TLS: the handshake goes here (with its own deadline), then send().
-    void on_connected() { send(); }
+    void handshake() {
+        phase_ = phase::handshaking;
+        SSL* const session = tls_session();
+        std::string const& host = config_.endpoint.host;
+        // SNI lets a server that hosts many names pick the certificate; RFC
+        // 6066 forbids IP literals in it.
+        if (!config_.literal && SSL_set_tlsext_host_name(session, host.c_str()) != 1) {
+            fail(fmt::format("TLS setup for {} failed: {}", config_.authority, openssl_reason()));
+            return;
+        }
+        if (config_.options.tls.verify) {
+            // OpenSSL checks the name (or IP address) during the handshake
+            // itself, so a mismatch reports as "certificate verify failed
+            // (hostname mismatch)". No partial wildcards ("w*.example.com"):
+            // RFC 6125 discourages them and browsers reject them.
+            X509_VERIFY_PARAM* const param = SSL_get0_param(session);
+            X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+            int const set = config_.literal ? X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str())
+                                            : X509_VERIFY_PARAM_set1_host(param, host.c_str(), host.size());
+            if (set != 1) {
+                fail(fmt::format("TLS setup for {} failed: {}", config_.authority, openssl_reason()));
+                return;
+            }
+        }
+        tcp_layer().expires_at(connect_deadline_);  // the rest of connect_timeout
+        stream_->async_handshake(ssl::stream_base::client,
+                                 [self = self()](beast::error_code ec) { self->on_handshake(ec); });
+    }
+
+    void on_handshake(beast::error_code ec) {
+        if (ec) {
+            fail(ec);
+            return;
+        }
+        send();
+    }
 
     void send() {
         phase_ = phase::writing;
@@ -395,7 +594,7 @@ private:
         // One deadline for write and read together (tcp_stream applies it to
         // every operation until it is set again).
         tcp_layer().expires_after(config_.options.request_timeout);
-        http::async_write(stream_, request_,
+        http::async_write(*stream_, request_,
                           [self = self()](beast::error_code ec, std::size_t /*n*/) { self->on_write(ec); });
     }
 
@@ -426,7 +625,7 @@ private:
     }
 
     void read() {
-        http::async_read(stream_, buffer_, *parser_,
+        http::async_read(*stream_, buffer_, *parser_,
                          [self = self()](beast::error_code ec, std::size_t /*n*/) { self->on_read(ec); });
     }
 
@@ -483,6 +682,7 @@ private:
         // HTTP/1.0 responses and `Connection: close` end the connection, and
         // so does a body delimited by EOF, or bytes after the response (the
         // server is out of step with us).
+        // (TLS: bytes still inside the TLS stream are found by usable().)
         bool const reusable = body_complete && res.version() == 11 && parser_->keep_alive() &&
                               !parser_->need_eof() && buffer_.size() == 0;
         finish(std::move(s), reusable);
@@ -509,6 +709,10 @@ private:
                     s = transport_failure(
                         fmt::format("timeout after {} ms waiting for response from {}", request_ms, where), true);
                     break;
+                case phase::handshaking:
+                    s = transport_failure(fmt::format("timeout after {} ms in TLS handshake with {}", connect_ms, where),
+                                          true);
+                    break;
                 default:
                     s = transport_failure(fmt::format("timeout after {} ms connecting to {}", connect_ms, where), true);
                     break;
@@ -517,6 +721,10 @@ private:
             switch (phase_) {
                 case phase::resolving:
                     s = transport_failure(fmt::format("resolve {}: {}", config_.endpoint.host, ec.message()));
+                    break;
+                case phase::handshaking:
+                    s = transport_failure(fmt::format("TLS handshake with {} failed: {}", where,
+                                                      describe_handshake_error(ec, tls_session())));
                     break;
                 case phase::writing:
                     s = transport_failure(fmt::format("send request to {}: {}", where, ec.message()));
@@ -538,6 +746,11 @@ private:
         finish(std::move(s), false);
     }
 
+    // A failure we describe ourselves (TLS setup, the egress guard).
+    void fail(std::string error) {
+        finish(transport_failure(pool_->aborted() ? "client closed" : std::move(error)), false);
+    }
+
     void finish(response_summary&& s, bool reusable) {
         phase_ = phase::idle;
         if (reusable) {
@@ -555,7 +768,7 @@ private:
 
     std::shared_ptr<pool> pool_;
     const client_config& config_;  // owned by *pool_
-    stream_type stream_;
+    std::optional<stream_type> stream_;  // made by connect()
     tcp::resolver resolver_;
     net::steady_timer resolve_timer_;
     beast::flat_buffer buffer_;  // reused across requests on this connection
@@ -563,6 +776,7 @@ private:
     std::optional<http::response_parser<excerpt_body>> parser_;
     std::function<void(response_summary)> done_;
     clock_type::time_point posted_{};
+    clock_type::time_point connect_deadline_{};  // for resolve, connect and handshake
     phase phase_ = phase::idle;
     bool reused_ = false;     // this socket completed an exchange before
     bool may_retry_ = false;  // the one stale-connection retry is still available
@@ -573,10 +787,6 @@ private:
 client_config make_config(endpoint_url endpoint, client_options options) {
     client_config c;
     if (endpoint.host.empty()) throw std::invalid_argument("webhook endpoint has no host");
-    if (endpoint.is_tls()) {
-        // Refuse rather than speak plain HTTP to an https:// endpoint.
-        throw std::invalid_argument("https:// webhook endpoints are not supported yet");
-    }
     unsigned port = 0;
     auto const* first = endpoint.port.data();
     auto const* last = first + endpoint.port.size();
@@ -600,6 +810,7 @@ client_config make_config(endpoint_url endpoint, client_options options) {
 
 pool::pool(net::io_context& ioc, endpoint_url endpoint, client_options options)
     : ioc_(ioc), config_(make_config(std::move(endpoint), std::move(options))) {
+    if (config_.endpoint.is_tls()) configure_tls(tls_context_.emplace(ssl::context::tls_client), config_.options.tls);
     idle_.reserve(config_.options.max_connections);
     busy_.reserve(config_.options.max_connections);
 }
@@ -642,7 +853,7 @@ void pool::dispatch() {
 }
 
 std::shared_ptr<connection_base> pool::make_connection() {
-    // TLS: pick connection<beast::ssl_stream<beast::tcp_stream>> for https.
+    if (config_.endpoint.is_tls()) return std::make_shared<connection<tls_stream>>(shared_from_this());
     return std::make_shared<connection<beast::tcp_stream>>(shared_from_this());
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // HTTP/1.1 webhook sender: a bounded pool of keep-alive connections to one
-// endpoint, driven by the caller's io_context (all callbacks run there).
+// endpoint (http or https), driven by the caller's io_context (all callbacks
+// run there).
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp misses it
 
@@ -14,16 +15,22 @@
 #include <boost/asio/io_context.hpp>
 
 #include "core/event.hpp"
+#include "core/tls_settings.hpp"
 #include "core/url.hpp"
 
 namespace outboxd::http {
 
 struct client_options {
     std::size_t max_connections = 32;                         // concurrent requests at most
-    std::chrono::milliseconds connect_timeout{5'000};         // DNS + TCP connect
+    std::chrono::milliseconds connect_timeout{5'000};         // DNS + TCP connect + TLS handshake
     std::chrono::milliseconds request_timeout{10'000};        // write request + read response
     std::size_t max_body_excerpt = 1024;                      // bytes of response body kept
     std::string user_agent = "outboxd";
+    tls_settings tls{};                                       // https only: how the server is verified
+    // Egress (SSRF) guard: connect only to global addresses, checked on
+    // every address DNS returns (see core/address_policy.hpp); a request
+    // with none left fails as a transport error.
+    bool block_private_addresses = false;
 };
 
 struct outgoing_request {
@@ -32,8 +39,9 @@ struct outgoing_request {
 };
 
 struct response_summary {
-    // transport_error: no HTTP status was received (DNS, connect, reset,
-    // timeout, malformed response). status is then 0.
+    // transport_error: no HTTP status was received (DNS, connect, TLS
+    // handshake, reset, timeout, malformed response, an address refused by
+    // the egress guard). status is then 0.
     bool transport_error = false;
     bool timed_out = false;
     unsigned status = 0;
@@ -45,8 +53,12 @@ struct response_summary {
 
 class webhook_client {
 public:
-    // Throws std::invalid_argument for an https endpoint (TLS not implemented
-    // yet) or an endpoint without host/valid port. max_connections 0 means 1.
+    // Throws std::invalid_argument for an endpoint without host or valid
+    // port, and for an https endpoint whose tls.ca_file cannot be loaded
+    // (the message names the file). max_connections 0 means 1.
+    // https: TLS 1.2 or later; unless tls.verify is false, the server's
+    // certificate must chain to tls.ca_file (or the system CAs) and match
+    // the host (a DNS name or an IP literal).
     webhook_client(boost::asio::io_context& ioc, endpoint_url endpoint, client_options options);
     // Fails queued requests and aborts those on the wire: every pending
     // `done` still runs exactly once (error "client closed") on the

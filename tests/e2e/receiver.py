@@ -13,11 +13,19 @@ Usage::
 
 Nagle: the handler sets ``disable_nagle_algorithm``; without it every
 keep-alive response stalls ~40 ms on Nagle plus the client's delayed ACK.
+
+HTTPS: ``Receiver(tls=(certfile, keyfile))`` (see tls_certs.py) serves the
+same over TLS; ``url`` is then ``https://localhost:<port>/hook``, the name a
+certificate is usually issued for. Each connection's handshake runs in its
+handler thread, so a client that fails or stalls it holds up no one else;
+failed handshakes are counted in ``tls_failures``, never recorded as
+requests.
 """
 
 from __future__ import annotations
 
 import http.server
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -136,18 +144,28 @@ class _Server(http.server.ThreadingHTTPServer):
 
     def handle_error(self, request, client_address):
         # A client that goes away mid-request (a relay killed or shut down by
-        # a test) is expected; anything else keeps the stdlib traceback.
+        # a test) is expected, and so is a TLS handshake the client rejects
+        # (the point of the certificate tests); anything else keeps the
+        # stdlib traceback.
         import sys
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+        error = sys.exc_info()[1]
+        if isinstance(error, ssl.SSLError):
+            with self.receiver._cond:  # type: ignore[attr-defined]
+                self.receiver.tls_failures += 1  # type: ignore[attr-defined]
+            return
+        if isinstance(error, (ConnectionError, TimeoutError)):
             return
         super().handle_error(request, client_address)
 
 
 class Receiver:
-    """HTTP/1.1 receiver on 127.0.0.1:<ephemeral>, path /hook."""
+    """HTTP/1.1 receiver on 127.0.0.1:<ephemeral>, path /hook; HTTPS when
+    ``tls=(certfile, keyfile)`` is given."""
 
-    def __init__(self, responder: Optional[Responder] = None):
+    def __init__(self, responder: Optional[Responder] = None, tls: Optional[tuple] = None):
         self.responder: Responder = responder or _default_responder
+        self.tls = tls
+        self.tls_failures = 0  # TLS handshakes that failed (HTTPS only)
         self.requests: list[Received] = []
         self.on_request: Optional[Callable[[Received], None]] = None
         self._cond = threading.Condition()
@@ -163,7 +181,17 @@ class Receiver:
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.receiver = self  # type: ignore[attr-defined]
         self.port = self._server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/hook"
+        if self.tls is not None:
+            certfile, keyfile = self.tls
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(certfile), str(keyfile))
+            # No handshake in accept() (the serving thread): it happens on
+            # the first read, in the connection's own handler thread.
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True,
+                                                      do_handshake_on_connect=False)
+            self.url = f"https://localhost:{self.port}/hook"
+        else:
+            self.url = f"http://127.0.0.1:{self.port}/hook"
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.05},
@@ -296,4 +324,46 @@ if __name__ == "__main__":
         assert rx.wait_for(2 + n, timeout=5)
         assert rx.requests[-1].body == b"abcd", rx.requests[-1].body
         conn.close()
-    print(f"receiver self-test ok ({n} keep-alive requests in {elapsed * 1000:.1f} ms)")
+
+    # HTTPS with a throwaway CA: trusted through the CA file, refused by the
+    # system CAs, and a certificate for another name refused by name.
+    import tempfile
+    import urllib.error
+
+    from tls_certs import make_tls_files
+
+    def refusal(url, context) -> str:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"),
+                                   timeout=5, context=context)
+        except urllib.error.URLError as e:
+            return str(e.reason)
+        raise AssertionError(f"{url} was not refused")
+
+    with tempfile.TemporaryDirectory(prefix="outboxd-receiver-tls-") as tmp:
+        files = make_tls_files(tmp)
+        trusted = ssl.create_default_context(cafile=str(files.ca_cert))
+        with Receiver(tls=files.server) as rx:
+            assert rx.url.startswith("https://localhost:") and rx.url.endswith("/hook"), rx.url
+            r = urllib.request.Request(rx.url, data=b"{}", method="POST", headers={"webhook-id": "9"})
+            with urllib.request.urlopen(r, timeout=5, context=trusted) as resp:
+                assert resp.status == 200 and resp.read() == b"ok"
+            conn = http.client.HTTPSConnection("localhost", rx.port, timeout=5, context=trusted)
+            for i in range(3):  # keep-alive over TLS
+                conn.request("POST", "/hook", body=b"{}", headers={"webhook-id": str(10 + i)})
+                resp = conn.getresponse()
+                assert resp.status == 200 and resp.read() == b"ok"
+            conn.close()
+            assert rx.wait_for(4, timeout=5)
+            assert [q.event_id for q in rx.requests] == [9, 10, 11, 12]
+            reason = refusal(rx.url, ssl.create_default_context())
+            assert "CERTIFICATE_VERIFY_FAILED" in reason, reason
+            deadline = time.monotonic() + 5
+            while rx.tls_failures < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert rx.tls_failures == 1 and len(rx.requests) == 4, (rx.tls_failures, rx.requests)
+        with Receiver(tls=files.wrong_host) as rx:
+            reason = refusal(rx.url, trusted)
+            assert "Hostname mismatch" in reason, reason
+            assert not rx.requests
+    print(f"receiver self-test ok ({n} keep-alive requests in {elapsed * 1000:.1f} ms; https ok)")

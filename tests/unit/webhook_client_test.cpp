@@ -23,6 +23,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "webhook_client_test_support.hpp"
+
 namespace {
 
 namespace net = boost::asio;
@@ -37,6 +39,12 @@ using outboxd::http::client_options;
 using outboxd::http::outgoing_request;
 using outboxd::http::response_summary;
 using outboxd::http::webhook_client;
+using outboxd::test::fast_options;
+using outboxd::test::json;
+using outboxd::test::post_and_wait;
+using outboxd::test::result_slot;
+using outboxd::test::run_until;
+using outboxd::test::settle;
 
 using test_request = http::request<http::string_body>;
 using test_response = http::response<http::string_body>;
@@ -216,52 +224,6 @@ private:
     tcp::acceptor acceptor_;
     std::vector<std::shared_ptr<session>> held_;
 };
-
-// Runs the loop until pred() holds; false after `limit` (a generous bound
-// that only matters when the code under test is broken).
-template <class predicate>
-bool run_until(net::io_context& ioc, predicate pred, std::chrono::milliseconds limit = 10s) {
-    auto const deadline = std::chrono::steady_clock::now() + limit;
-    while (!pred()) {
-        auto const now = std::chrono::steady_clock::now();
-        if (now >= deadline) return false;
-        if (ioc.stopped()) ioc.restart();
-        ioc.run_one_for(deadline - now);
-    }
-    return true;
-}
-
-// Collects the result of one post().
-struct result_slot {
-    std::optional<response_summary> value;
-    int calls = 0;
-    auto callback() {
-        return [this](response_summary s) {
-            ++calls;
-            value = std::move(s);
-        };
-    }
-    [[nodiscard]] bool done() const noexcept { return calls > 0; }
-};
-
-outgoing_request json(std::string body) { return outgoing_request{std::move(body), {}}; }
-
-client_options fast_options() {
-    client_options o;
-    o.max_connections = 4;
-    o.connect_timeout = 5s;
-    o.request_timeout = 5s;
-    return o;
-}
-
-// Posts one request and runs the loop until it completes.
-response_summary post_and_wait(net::io_context& ioc, webhook_client& client, outgoing_request req) {
-    result_slot slot;
-    client.post(std::move(req), slot.callback());
-    REQUIRE(run_until(ioc, [&] { return slot.done(); }));
-    REQUIRE(slot.calls == 1);
-    return *slot.value;
-}
 
 }  // namespace
 
@@ -751,8 +713,89 @@ TEST_CASE("webhook_client: destroying the client with a request on the wire stil
     CHECK(a.calls == 1);
 }
 
-TEST_CASE("webhook_client: https endpoints are refused until TLS is implemented") {
+TEST_CASE("webhook_client: an https endpoint speaks TLS, never plain HTTP") {
+    // More in webhook_client_tls_test.cpp; here: a plain server behind an
+    // https URL never sees a request.
     net::io_context ioc;
-    CHECK_THROWS_AS(webhook_client(ioc, parse_endpoint_url("https://example.com/"), client_options{}),
-                    std::invalid_argument);
+    test_server server(ioc);
+    std::string url = server.url();
+    url.replace(0, 4, "https");
+    webhook_client client(ioc, parse_endpoint_url(url), fast_options());
+    response_summary const r = post_and_wait(ioc, client, json("{}"));
+    CHECK(r.transport_error);
+    CHECK(r.status == 0);
+    CAPTURE(r.error);
+    CHECK(r.error.find("TLS handshake with 127.0.0.1:") == 0);
+    CHECK(server.seen.empty());
+}
+
+TEST_CASE("webhook_client: block_private_addresses refuses a loopback literal without connecting") {
+    net::io_context ioc;
+    test_server server(ioc);
+    client_options o = fast_options();
+    o.block_private_addresses = true;
+    webhook_client client(ioc, parse_endpoint_url(server.url()), o);
+
+    result_slot slot;
+    client.post(json("{}"), slot.callback());
+    CHECK(slot.calls == 0);  // refused through the loop, not inside post()
+    REQUIRE(run_until(ioc, [&] { return slot.done(); }));
+    response_summary const& r = *slot.value;
+    CHECK(r.transport_error);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.status == 0);
+    CHECK(r.error ==
+          "refused to connect to 127.0.0.1 (loopback): egress to private addresses is blocked "
+          "(block_private_addresses)");
+    settle(ioc);
+    CHECK(server.accepts == 0);
+
+    // Refused every time, not only on the first connection.
+    CHECK(post_and_wait(ioc, client, json("{}")).error == r.error);
+    settle(ioc);
+    CHECK(server.accepts == 0);
+    CHECK(client.in_flight() == 0);
+}
+
+TEST_CASE("webhook_client: block_private_addresses judges a host name by the addresses it resolves to") {
+    net::io_context ioc;
+    test_server server(ioc);
+    std::string url = server.url();
+    url.replace(url.find("127.0.0.1"), 9, "localhost");
+    client_options o = fast_options();
+    o.block_private_addresses = true;
+    webhook_client client(ioc, parse_endpoint_url(url), o);
+
+    response_summary const r = post_and_wait(ioc, client, json("{}"));
+    CHECK(r.transport_error);
+    CAPTURE(r.error);
+    CHECK(r.error.find("refused to connect to localhost at ") == 0);
+    CHECK(r.error.find("(loopback)") != std::string::npos);
+    CHECK(r.error.find("(block_private_addresses)") != std::string::npos);
+    settle(ioc);
+    CHECK(server.accepts == 0);
+}
+
+TEST_CASE("webhook_client: block_private_addresses refuses IPv6 and IPv4-mapped loopback literals") {
+    // No server needed: nothing is ever connected to.
+    net::io_context ioc;
+    client_options o = fast_options();
+    o.block_private_addresses = true;
+    webhook_client v6(ioc, parse_endpoint_url("http://[::1]:9/"), o);
+    CHECK(post_and_wait(ioc, v6, json("{}")).error.find("refused to connect to ::1 (loopback)") == 0);
+    webhook_client mapped(ioc, parse_endpoint_url("http://[::ffff:169.254.169.254]:80/"), o);
+    CHECK(post_and_wait(ioc, mapped, json("{}")).error.find("refused to connect to ::ffff:169.254.169.254 (link-local)") ==
+          0);
+}
+
+TEST_CASE("webhook_client: without block_private_addresses a loopback server is reached") {
+    net::io_context ioc;
+    test_server server(ioc);
+    client_options o = fast_options();
+    CHECK_FALSE(o.block_private_addresses);  // off by default
+    webhook_client client(ioc, parse_endpoint_url(server.url()), o);
+    response_summary const r = post_and_wait(ioc, client, json("{}"));
+    CHECK_FALSE(r.transport_error);
+    CHECK(r.status == 200);
+    CHECK(server.accepts == 1);
 }
