@@ -512,21 +512,21 @@ private:
         // the name: DNS may point any name anywhere, and may change its answer
         // between two connections (rebinding).
         std::vector<tcp::endpoint> targets;
-        std::string first_refused;
-        std::size_t refused = 0;
+        std::string refused;  // "10.0.0.1 (private), ::1 (loopback)": the first few, for the message
+        std::size_t refused_count = 0;
+        constexpr std::size_t refused_listed = 3;
         for (auto const& entry : results) {
             std::string why;
             if (config_.options.block_private_addresses) why = egress_refusal(entry.endpoint().address());
             if (why.empty()) {
                 targets.push_back(entry.endpoint());
-            } else if (refused++ == 0) {
-                first_refused = std::move(why);
+            } else if (++refused_count <= refused_listed) {
+                refused += (refused.empty() ? "" : ", ") + why;
             }
         }
-        if (targets.empty() && refused > 0) {
-            std::string const more = refused > 1 ? fmt::format(" (and {} more refused addresses)", refused - 1) : "";
-            fail(fmt::format("refused to connect to {} at {}{}: {}", config_.endpoint.host, first_refused, more,
-                             egress_blocked));
+        if (targets.empty() && refused_count > 0) {
+            if (refused_count > refused_listed) refused += fmt::format(", and {} more", refused_count - refused_listed);
+            fail(fmt::format("refused to connect to {} at {}: {}", config_.endpoint.host, refused, egress_blocked));
             return;
         }
         tcp_layer().expires_at(connect_deadline_);
