@@ -21,11 +21,11 @@ def test_block_private_addresses_refuses_a_loopback_receiver(db, relay, receiver
     event_id = db.enqueue("egress.blocked", {"x": 1})
 
     def failed_twice():
-        r = db.event(event_id)
+        r = db.retry_state(event_id)
         return r if r is not None and r["attempts"] >= 2 and r["last_error"] else None
 
     row = wait_until(failed_twice, timeout=15)
-    assert row is not None, f"event not retried with a recorded error: {db.event(event_id)}"
+    assert row is not None, f"event not retried with a recorded error: {db.retry_state(event_id)}"
     assert "block_private_addresses" in row["last_error"], row
     assert "loopback" in row["last_error"], row
     assert f"refused to connect to {host}" in row["last_error"], row

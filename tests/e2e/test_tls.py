@@ -42,14 +42,14 @@ def wait_failed_attempts(db, event_id: int, attempts: int, timeout: float = 15.0
     """The event's row once it has been tried at least ``attempts`` times and
     the last failure is recorded (None on timeout)."""
     def row():
-        r = db.event(event_id)
+        r = db.retry_state(event_id)
         return r if r is not None and r["attempts"] >= attempts and r["last_error"] else None
     return wait_until(row, timeout)
 
 
 def assert_retried_not_delivered(db, rx, event_id: int, *expected_in_error: str) -> None:
     row = wait_failed_attempts(db, event_id, attempts=3)
-    assert row is not None, f"event not retried with a recorded error: {db.event(event_id)}"
+    assert row is not None, f"event not retried with a recorded error: {db.retry_state(event_id)}"
     for text in expected_in_error:
         assert text in row["last_error"], row
     assert "TLS handshake with localhost:" in row["last_error"], row
@@ -95,3 +95,29 @@ def test_insecure_skip_tls_verify_delivers_and_warns_loudly(db, relay, wrong_hos
     warnings = [line for line in r.log().splitlines()
                 if ("level=warn" in line or "level=error" in line) and "insecure" in line.lower()]
     assert warnings, f"no warning about skipped TLS verification in the log:\n{r.log()}"
+
+
+def test_tls_settings_per_destination_in_the_configuration_file(db, relay, tls_files, tmp_path):
+    # "trusted" verifies against the test CA; "untrusted" uses the system CAs
+    # only. The same event goes to both: delivered to one, retried at the
+    # other, neither blocking the other.
+    with Receiver(tls=tls_files.server) as good, Receiver(tls=tls_files.server) as bad:
+        config = tmp_path / "outboxd.toml"
+        config.write_text(
+            '[defaults.retry]\nbase = "100ms"\ncap = "200ms"\nmax_attempts = 1000\n\n'
+            f'[destinations.trusted]\nurl = "{good.url}"\ntls = {{ ca_file = "{tls_files.ca_cert}" }}\n\n'
+            f'[destinations.untrusted]\nurl = "{bad.url}"\n\n'
+            '[[routes]]\ntopics = [">"]\ndestinations = ["trusted", "untrusted"]\n')
+        relay(None, "--config", str(config), "--sweep-interval", "1h")
+        event_id = db.enqueue("tls.both", {"x": 1})
+        assert wait_delivered(good, [event_id], timeout=10), good.ids()
+
+        def failed_there():
+            r = db.retry_state(event_id, "untrusted")
+            return r if r is not None and r["attempts"] >= 3 and r["last_error"] else None
+        row = wait_until(failed_there, 15)
+        assert row is not None, db.deliveries(event_id)
+        assert "certificate verify failed" in row["last_error"], row
+        assert bad.requests == []
+        assert db.retry_state(event_id, "trusted") is None, "the trusted destination owes nothing"
+        assert good.delivered_ids() == [event_id]
