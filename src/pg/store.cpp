@@ -133,6 +133,7 @@ std::string store::claim_sql(std::size_t size, bool after_watermark) const {
     auto text = sized("claim", size);
     fill(text, "AND :after_watermark",
          after_watermark ? "AND (e.available_at, e.id) > ($3::timestamptz, $4::bigint)" : "AND true");
+    fill(text, "WHEN :outside_drain", after_watermark ? "WHEN false" : "WHEN true");
     return text;
 }
 
