@@ -83,8 +83,9 @@ claimed AS (
     SET attempts = e.attempts + 1,
         lease_owner = $1,
         available_at = now() + $2 * interval '1 millisecond'
-    FROM due
-    WHERE e.id = due.id
+    -- = ANY, not a join with `due`: one index probe per row whatever the
+    -- (cached, generic) plan believed about the table's size.
+    WHERE e.id = ANY (ARRAY(SELECT id FROM due))
     RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts
 )
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
@@ -149,8 +150,8 @@ claimed AS (
     SET attempts = d.attempts + 1,
         lease_owner = $1,
         available_at = now() + $2 * interval '1 millisecond'
-    FROM due
-    WHERE d.event_id = due.event_id AND d.destination = due.destination
+    WHERE d.event_id = ANY (ARRAY(SELECT event_id FROM due))
+      AND (d.event_id, d.destination) IN (SELECT event_id, destination FROM due)
     RETURNING d.event_id, d.destination, d.attempts
 )
 SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attempts, c.destination
