@@ -551,7 +551,7 @@ private:
                 // Not attempted there: the attempt count stays where it was.
                 item.owed.push_back({cfg_.destinations[i].name, milliseconds(0), state.ref.attempt - 1, {}});
             }
-            arm_retry(item.owed);
+            for (const auto& o : item.owed) retry_after_flush(o.due_in);
             pending_.fan_outs.push_back(std::move(item));
         }
         pending_.unblocks_key = pending_.unblocks_key || state.keyed;
@@ -616,8 +616,7 @@ private:
                 pending_.unblocks_key = pending_.unblocks_key || keyed;
                 break;
             case delivery_outcome::kind::retry:
-                arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(res.outcome.retry_in),
-                                                res.outcome.retry_in);
+                retry_after_flush(res.outcome.retry_in);
                 pending_.deliveries.retries.push_back({ref, res.outcome.retry_in, res.outcome.error});
                 break;
             case delivery_outcome::kind::dead:
@@ -627,10 +626,9 @@ private:
         }
     }
 
-    void arm_retry(const std::vector<pg::owed_delivery>& owed) {
-        for (const auto& o : owed) {
-            arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(o.due_in), o.due_in);
-        }
+    // A retry is due in `in` once the pending outcomes are recorded.
+    void retry_after_flush(milliseconds in) {
+        arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(in), in);
     }
 
     // No route matches the topic. Not lost: the event stays in the outbox,
@@ -648,7 +646,7 @@ private:
             pending_.dead.push_back({ref, outcome.error, std::nullopt, {}});
             pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
         } else {
-            arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(outcome.retry_in), outcome.retry_in);
+            retry_after_flush(outcome.retry_in);
             pending_.retries.push_back({ref, outcome.retry_in, outcome.error});
         }
         finished();
@@ -699,7 +697,7 @@ private:
         // Keep them: outcomes are fenced and idempotent, writing them again is safe.
         batch.append(std::move(pending_));
         pending_ = std::move(batch);
-        if (retry_in) arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(*retry_in), *retry_in);
+        if (retry_in) retry_after_flush(*retry_in);
         const auto delay = flush_backoff_.next();
         log::warn("recording outcomes failed; retrying", {{"error", why}, {"retry_in", format_duration(delay)}});
         flush_retry_timer_.expires_after(delay);
