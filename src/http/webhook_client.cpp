@@ -49,6 +49,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
@@ -69,6 +70,7 @@
 #include <fmt/format.h>
 
 #include "core/address_policy.hpp"
+#include "http/request_head.hpp"
 
 namespace outboxd::http {
 
@@ -178,25 +180,6 @@ std::string check_headers(const header_list& headers) {
         }
     }
     return {};
-}
-
-// Headers that define message framing or the connection are ours alone; an
-// extra header naming one of them is ignored rather than sent twice.
-bool is_reserved_header(http::field f) noexcept {
-    switch (f) {
-        case http::field::host:
-        case http::field::content_length:
-        case http::field::transfer_encoding:
-        case http::field::connection:
-        case http::field::keep_alive:
-        case http::field::proxy_connection:
-        case http::field::te:
-        case http::field::trailer:
-        case http::field::upgrade:
-            return true;
-        default:
-            return false;
-    }
 }
 
 // Errors that mean "the server closed this connection" rather than "the
@@ -439,25 +422,9 @@ private:
     }
 
     void build_request(outgoing_request&& r) {
-        request_ = {};
-        request_.method(http::verb::post);
-        request_.target(config_.endpoint.target);
-        request_.version(11);
-        request_.set(http::field::host, config_.endpoint.host_header);
-        request_.set(http::field::user_agent, config_.options.user_agent);
-        request_.set(http::field::content_type, "application/json");
-        request_.set(http::field::connection, "keep-alive");
-        for (auto const& [name, value] : r.headers) {
-            http::field const f = http::string_to_field(name);
-            if (is_reserved_header(f)) continue;
-            if (f == http::field::content_type || f == http::field::user_agent) {
-                request_.set(f, value);  // the caller's choice replaces our default
-            } else {
-                request_.insert(name, value);
-            }
-        }
-        request_.body() = std::move(r.body);  // moved, never copied
-        request_.prepare_payload();
+        head_ = request_head({config_.endpoint.target, config_.endpoint.host_header, config_.options.user_agent},
+                             r.headers, r.body.size());
+        body_ = std::move(r.body);  // moved, never copied
     }
 
     void connect() {
@@ -594,8 +561,10 @@ private:
         // One deadline for write and read together (tcp_stream applies it to
         // every operation until it is set again).
         tcp_layer().expires_after(config_.options.request_timeout);
-        http::async_write(*stream_, request_,
-                          [self = self()](beast::error_code ec, std::size_t /*n*/) { self->on_write(ec); });
+        // Head and body in one gathered write.
+        const std::array<net::const_buffer, 2> wire{net::buffer(head_), net::buffer(body_)};
+        net::async_write(*stream_, wire,
+                         [self = self()](beast::error_code ec, std::size_t /*n*/) { self->on_write(ec); });
     }
 
     void new_parser() {
@@ -668,7 +637,7 @@ private:
     void retry() {
         may_retry_ = false;
         close_socket();
-        connect();  // request_ still holds the whole request, body included
+        connect();  // head_ and body_ still hold the whole request
     }
 
     void complete(bool body_complete) {
@@ -760,7 +729,7 @@ private:
         }
         s.elapsed = since(posted_);
         parser_.reset();
-        std::string().swap(request_.body());  // don't pin a large payload on an idle connection
+        std::string().swap(body_);  // don't pin a large payload on an idle connection
         std::function<void(response_summary)> done = std::move(done_);
         done_ = nullptr;
         pool_->finished(*this, reusable, std::move(done), std::move(s));
@@ -772,7 +741,8 @@ private:
     tcp::resolver resolver_;
     net::steady_timer resolve_timer_;
     beast::flat_buffer buffer_;  // reused across requests on this connection
-    http::request<http::string_body> request_;
+    std::string head_;  // request line and header fields (see http/request_head.hpp)
+    std::string body_;
     std::optional<http::response_parser<excerpt_body>> parser_;
     std::function<void(response_summary)> done_;
     clock_type::time_point posted_{};

@@ -68,8 +68,6 @@ std::optional<std::string> status_text(std::optional<int> status) {
 
 }  // namespace
 
-constexpr std::size_t largest_claim = 1024;
-
 std::size_t claim_size(std::size_t wanted) noexcept {
     if (wanted == 0) return 0;
     std::size_t size = 1;

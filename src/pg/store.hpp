@@ -106,6 +106,7 @@ struct claim_result {
 // Claims come in sizes 1, 2, 4, ... 1024, one prepared statement each (see
 // the claim in queries.sql). The largest of them not above `wanted`; 0 for 0.
 [[nodiscard]] std::size_t claim_size(std::size_t wanted) noexcept;
+inline constexpr std::size_t largest_claim = 1024;
 
 class store {
 public:

@@ -240,7 +240,8 @@ TEST_CASE("dispatcher: random event sequences keep the invariants") {
 
     for (int run = 0; run < 300; ++run) {
         const std::size_t slots = 1 + below(8);
-        dispatcher d(slots);
+        const std::size_t batch = 1 + below(static_cast<std::uint32_t>(slots));
+        dispatcher d(slots, batch);
         std::size_t asked = 0;  // size of the claim in progress (0: none)
         bool stopped = false;
 
@@ -251,6 +252,7 @@ TEST_CASE("dispatcher: random event sequences keep the invariants") {
             CHECK_FALSE(claiming_before);
             CHECK_FALSE(stopped);
             CHECK(n == slots - in_flight_before);
+            if (d.draining()) CHECK(n >= batch);
             CHECK(d.claiming());
             asked = n;
         };
@@ -341,4 +343,53 @@ TEST_CASE("dispatcher: with steady work every slot stays busy") {
         asked = d.on_delivery_finished();
         CHECK(asked == 1);
     }
+}
+
+TEST_CASE("dispatcher: while a backlog drains, a claim waits until a batch of slots is free") {
+    dispatcher d(8, 4);
+    REQUIRE(d.on_wake() == 8);
+    CHECK(d.on_claimed(8, 8) == 0);  // full: a backlog
+    CHECK(d.draining());
+    CHECK(d.on_delivery_finished() == 0);
+    CHECK(d.on_delivery_finished() == 0);
+    CHECK(d.on_delivery_finished() == 0);
+    CHECK(d.on_wake() == 0);  // a NOTIFY does not cut the batch short either
+    CHECK(d.on_delivery_finished() == 4);
+    // Still full: still draining, the next claim waits for 4 free slots again.
+    CHECK(d.on_claimed(4, 4) == 0);
+    CHECK(d.in_flight() == 8);
+    for (int i = 0; i < 3; ++i) CHECK(d.on_delivery_finished() == 0);
+    CHECK(d.on_delivery_finished() == 4);
+}
+
+TEST_CASE("dispatcher: a claim that comes back short ends the drain: the next wake claims any free slot") {
+    dispatcher d(8, 4);
+    REQUIRE(d.on_wake() == 8);
+    REQUIRE(d.on_claimed(8, 8) == 0);
+    for (int i = 0; i < 3; ++i) REQUIRE(d.on_delivery_finished() == 0);
+    REQUIRE(d.on_delivery_finished() == 4);
+    CHECK(d.on_claimed(2, 4) == 0);  // the backlog is gone
+    CHECK_FALSE(d.draining());
+    CHECK(d.in_flight() == 6);
+    CHECK(d.on_wake() == 2);  // fewer than the batch: claimed at once
+}
+
+TEST_CASE("dispatcher: the batch is at least 1 and at most the slots") {
+    CHECK(dispatcher(4, 0).batch() == 1);
+    CHECK(dispatcher(4, 9).batch() == 4);
+    CHECK(dispatcher(4).batch() == 1);
+}
+
+TEST_CASE("dispatcher: resize applies from the next transition, and never drops what is in flight") {
+    dispatcher d(4);
+    REQUIRE(d.on_wake() == 4);
+    CHECK(d.on_claimed(4, 4) == 0);
+    d.resize(12, 4);  // the relay may now claim ahead
+    CHECK(d.slots() == 12);
+    CHECK(d.on_delivery_finished() == 9);  // draining, 9 free >= batch 4
+    CHECK(d.on_claimed(9, 9) == 0);
+    CHECK(d.in_flight() == 12);
+    d.resize(4, 1);  // delivering slowed down: hold no more than 4
+    for (int i = 0; i < 8; ++i) CHECK(d.on_delivery_finished() == 0);  // 12 -> 4 held: still none free
+    CHECK(d.on_delivery_finished() == 1);
 }
