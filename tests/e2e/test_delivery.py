@@ -4,9 +4,11 @@ paths that do not depend on NOTIFY (drain at startup, the sweep) work."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from helpers import duplicates, wait_delivered, wait_until
+from receiver import Receiver
 
 
 def warm_up(db, rx, timeout: float = 10.0) -> int:
@@ -224,3 +226,43 @@ def test_an_event_committed_late_during_a_backlog_drain_is_not_left_behind(db, r
         assert not duplicates([r.event_id for r in receiver.snapshot()])
     finally:
         late_conn.close()
+
+
+def test_a_backlog_is_claimed_ahead_of_the_connections_when_the_destination_keeps_up(db, receiver, relay):
+    # Claiming ahead: with a destination that answers at once, the relay
+    # claims many more events at a time than it has connections (the debug
+    # log counts every claim), and sends each once. (That it never has more
+    # requests open than --concurrency is test_guarantees' kill -9 test.)
+    with db.conn.cursor() as cur:
+        cur.execute(f'INSERT INTO "{db.schema}".events (topic, payload) '
+                    "SELECT 'backlog', jsonb_build_object('n', g) FROM generate_series(1, 3000) AS g")
+    db.conn.commit()
+    r = relay(receiver, "--concurrency", "4", "--sweep-interval", "1h")
+    assert db.wait_empty(timeout=60), db.count_events()
+    got = [x.event_id for x in receiver.snapshot()]
+    assert len(got) == 3000 and not duplicates(got)
+    assert {x.headers.get("outbox-attempt") for x in receiver.snapshot()} == {"1"}
+    claims = [int(n) for n in re.findall(r'msg=claimed count=(\d+)', r.log())]
+    assert max(claims) > 4, f"never claimed ahead: {sorted(set(claims))}"
+
+
+def test_a_slow_destination_is_not_claimed_ahead_past_what_the_lease_allows(db, relay):
+    # 10 requests a second over 2 connections, and a lease that leaves
+    # 500 ms to wait before an attempt must start (2 s - 500 ms connect -
+    # 1 s request). Had the relay claimed ahead as for a fast destination,
+    # events would wait seconds in the relay, outlive their leases and be
+    # claimed (and attempted) twice. Each must go out once, at attempt 1.
+    def slow(req):
+        time.sleep(0.2)
+        return 200, {}, b"ok"
+
+    with Receiver(slow) as rx:
+        ids = [db.enqueue("slow", {"n": n}) for n in range(40)]
+        r = relay(rx, "--concurrency", "2", "--lease", "2s", "--connect-timeout", "500ms",
+                  "--request-timeout", "1s", "--sweep-interval", "1h")
+        assert wait_delivered(rx, ids, timeout=30)
+        assert db.wait_empty(timeout=10), db.events()
+        got = rx.snapshot()
+    assert not duplicates([x.event_id for x in got]), sorted(x.event_id for x in got)
+    assert {x.headers.get("outbox-attempt") for x in got} == {"1"}
+    assert "waited too long" not in r.log()
