@@ -8,8 +8,8 @@
 # Starts its own durable PostgreSQL with pg_stat_statements (planning time
 # tracked), the bench receiver and build/outboxd, then prints per statement:
 # calls, planning and execution time per call, rows per call, and µs per
-# event. `paced` also prints the relay's own HTTP time per request (us= in
-# its debug log: post to response). Builds nothing: run bench/run.sh or
+# event. `paced` also prints the relay's own stages (its debug log: claim
+# queued, claim round trip, hand-off to the event loop, HTTP request). Builds nothing: run bench/run.sh or
 # scripts/build.sh first. Removes its cluster on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +84,14 @@ psql -X "$url" -c "
   WHERE calls > 10 AND query NOT LIKE '%count(*)%'
   ORDER BY total_plan_time + total_exec_time DESC LIMIT 8"
 if [[ $mode == paced ]]; then
-  grep -o 'msg=delivered.* us=[0-9]*' "$dir/relay.log" | grep -o '[0-9]*$' | sort -n |
-    awk '{a[NR]=$1} END {print "relay HTTP post to response, us: p50", a[int(NR*0.5)], "p90", a[int(NR*0.9)], "of", NR}'
+  # The relay's side of one event's way, from its debug log (medians):
+  # queued = wake to the claim thread picking the claim up, claim = the claim
+  # statement's round trip, handoff = claim thread back to the event loop,
+  # http = request written to response read. What the benchmark's latency
+  # adds to their sum is NOTIFY delivery and the receiver's own wake-up.
+  median() { sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "-"}'; }
+  field() { grep -o "msg=$1 .*" "$dir/relay.log" | grep -o " $2=[0-9]*" | cut -d= -f2; }
+  echo "relay stages, median us: queued $(field claimed queued_us | median)" \
+       "claim $(field claimed claim_us | median) handoff $(field claimed handoff_us | median)" \
+       "http $(field delivered us | median) ($(field claimed claim_us | wc -l) claims)"
 fi

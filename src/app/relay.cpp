@@ -39,6 +39,10 @@ using std::chrono::milliseconds;
 
 namespace {
 
+struct claim_timing {
+    std::chrono::steady_clock::time_point asked, started, done;
+};
+
 // Backoff for our own database trouble (claims or outcome writes failing):
 // quick first retry, then patient, never hammering a recovering server.
 class db_backoff {
@@ -275,7 +279,11 @@ private:
         for (std::size_t i = 0; i < lanes_.size(); ++i) {
             if (lanes_[i].full()) busy.push_back(cfg_.destinations[i].name);
         }
-        worker_.submit([this, n, lease = cfg_.lease, busy = std::move(busy)](pg::store& store) {
+        // When the claim was asked for, started on the claim thread and done:
+        // the debug log's breakdown of where a claim's time goes.
+        claim_timing timing{std::chrono::steady_clock::now(), {}, {}};
+        worker_.submit([this, n, lease = cfg_.lease, busy = std::move(busy), timing](pg::store& store) mutable {
+            timing.started = std::chrono::steady_clock::now();
             try {
                 // Deliveries first when the last claim saw some due (retries
                 // of a failed destination are older than new events); the
@@ -321,8 +329,9 @@ private:
                 deliveries_due_ = claimed.deliveries_due;
                 // The dispatcher reads "got as many as asked" as "more may be due".
                 const auto asked = full ? got.size() : got.size() + 1;
-                net::post(ioc_, [this, asked, got = std::move(got), next_due = claimed.next_due]() mutable {
-                    on_claimed(std::move(got), asked);
+                timing.done = std::chrono::steady_clock::now();
+                net::post(ioc_, [this, asked, got = std::move(got), next_due = claimed.next_due, timing]() mutable {
+                    on_claimed(std::move(got), asked, timing);
                     // Retries and delayed events fire on time, not at the next sweep.
                     on_next_due(next_due);
                 });
@@ -332,10 +341,18 @@ private:
         });
     }
 
-    void on_claimed(std::vector<event> claimed, std::size_t asked) {
+    void on_claimed(std::vector<event> claimed, std::size_t asked, const claim_timing& timing) {
         claim_backoff_.reset();
         if (!claimed.empty() && log::enabled(log::level::debug)) {
-            log::debug("claimed", {{"count", fmt::format("{}", claimed.size())}});
+            const auto us = [](auto from, auto to) {
+                return fmt::format("{}", std::chrono::duration_cast<std::chrono::microseconds>(to - from).count());
+            };
+            // queued: waiting for the claim thread; claim: the statements'
+            // round trips; handoff: back to the event loop.
+            log::debug("claimed", {{"count", fmt::format("{}", claimed.size())},
+                                   {"queued_us", us(timing.asked, timing.started)},
+                                   {"claim_us", us(timing.started, timing.done)},
+                                   {"handoff_us", us(timing.done, std::chrono::steady_clock::now())}});
         }
         // Count the batch as in flight before delivering any of it: an event
         // that cannot be sent finishes inside deliver().
