@@ -80,18 +80,9 @@ std::chrono::milliseconds duration_option(const parsed_args& args, std::string_v
     return usage_checked(option, [&] { return parse_duration(*text); });
 }
 
-std::string schema_of(const parsed_args& args) {
-    auto schema = option_or_env(args, "schema", "OUTBOXD_SCHEMA", std::string("outbox"));
-    usage_checked("schema", [&] {
-        validate_schema_name(schema);
-        return 0;
-    });
-    return schema;
-}
-
 // The effective configuration: the --config file (or OUTBOXD_CONFIG), then
 // OUTBOXD_* variables, then flags. Any error is a usage error (exit 2).
-config load_config(const parsed_args& args, bool destinations_required) {
+config load_config(const parsed_args& args, bool destinations_required, bool database_required = true) {
     config_sources sources;
     auto path = args.get("config");
     if (!path) path = env("OUTBOXD_CONFIG");
@@ -108,6 +99,7 @@ config load_config(const parsed_args& args, bool destinations_required) {
     sources.flags = [&args](std::string_view flag) { return args.all(flag); };
     sources.database_url_error = [](const std::string& url) { return pg::conninfo_error(url); };
     sources.destinations_required = destinations_required;
+    sources.database_required = database_required;
     try {
         auto c = resolve_config(sources);
         log::set_level(log::parse_level(c.log_level));
@@ -146,7 +138,9 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
 // ---- commands -------------------------------------------------------------
 
 int cmd_sql(const parsed_args& args) {
-    const auto schema = schema_of(args);
+    // The schema as `migrate` would see it (flag, OUTBOXD_SCHEMA, the
+    // configuration file); no database is needed to print SQL.
+    const auto schema = load_config(args, /*destinations_required=*/false, /*database_required=*/false).schema;
     std::string bootstrap;
     for (const auto& query : embedded::queries()) {
         if (query.name == "bootstrap") bootstrap = query.sql;

@@ -903,10 +903,10 @@ config resolve_config(const config_sources& sources) {
         }
     }
 
-    if (top.database_url.value.empty()) {
+    if (top.database_url.value.empty() && sources.database_required) {
         throw config_error("no database URL: give --database-url, DATABASE_URL or database.url in the configuration file");
     }
-    if (sources.database_url_error) {
+    if (sources.database_url_error && !top.database_url.value.empty()) {
         if (const auto error = sources.database_url_error(top.database_url.value)) {
             fail(top.database_url.from,
                  fmt::format("invalid database URL ({}): {}", redact_dsn(top.database_url.value), *error));

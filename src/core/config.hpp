@@ -90,6 +90,8 @@ struct config_sources {
     // dead, enqueue): destinations and routes are then optional, but still
     // validated when given.
     bool destinations_required = true;
+    // false for `outboxd sql`, which prints SQL and never connects.
+    bool database_required = true;
 };
 
 // Builds and validates the effective configuration. Throws config_error.

@@ -306,3 +306,22 @@ def test_sql_output_is_the_same_as_what_migrate_applies(outboxd, database_url, m
         return [(k, v.replace(schema, "S")) for k, v in rows]
 
     assert shape(a) == shape(b)
+
+
+def test_sql_takes_the_schema_from_the_configuration_like_migrate(outboxd, tmp_path):
+    # No database needed to print SQL; the schema comes from the same places
+    # `migrate` reads it from, the flag first.
+    cfg = tmp_path / "outboxd.toml"
+    cfg.write_text('[database]\nschema = "from_file"\n')
+    r = outboxd("--config", cfg, "sql")
+    assert r.rc == EXIT_OK, r
+    assert 'CREATE SCHEMA IF NOT EXISTS "from_file";' in r.stdout
+    assert '"outbox"' not in r.stdout
+    r = outboxd("--config", cfg, "--schema", "flagged", "sql")
+    assert r.rc == EXIT_OK and 'CREATE SCHEMA IF NOT EXISTS "flagged";' in r.stdout, r
+    r = outboxd("sql", env={"OUTBOXD_SCHEMA": "from_env"})
+    assert r.rc == EXIT_OK and 'CREATE SCHEMA IF NOT EXISTS "from_env";' in r.stdout, r
+    cfg.write_text('[database]\nschema = "pg_nope"\n')
+    r = outboxd("--config", cfg, "sql")
+    assert r.rc == EXIT_USAGE and r.stdout == "", r
+    assert "database.schema" in r.stderr, r.stderr

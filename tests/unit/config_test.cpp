@@ -31,6 +31,7 @@ struct fake {
     std::map<std::string, std::vector<std::string>, std::less<>> flags;
     std::function<std::optional<std::string>(const std::string&)> database_url_error;
     bool destinations_required = true;
+    bool database_required = true;
 
     [[nodiscard]] config_sources sources() const {
         config_sources s;
@@ -47,6 +48,7 @@ struct fake {
         };
         s.database_url_error = database_url_error;
         s.destinations_required = destinations_required;
+        s.database_required = database_required;
         return s;
     }
 };
@@ -885,6 +887,17 @@ destinations = ["d"]
         CHECK(error_of(f) ==
               "no database URL: give --database-url, DATABASE_URL or database.url in the configuration file");
     }
+}
+
+TEST_CASE("config: a command that never connects (outboxd sql) needs no database URL, and still checks the rest") {
+    fake f;
+    f.destinations_required = false;
+    f.database_required = false;
+    f.file = "[database]\nschema = \"from_file\"\n";
+    CHECK(resolve(f).schema == "from_file");
+    CHECK(resolve(f).database_url.empty());
+    f.file = "[database]\nschema = \"pg_x\"\n";
+    CHECK(error_of(f) == "t.toml:2:1: database.schema: schema names starting with pg_ are reserved by PostgreSQL");
 }
 
 TEST_CASE("config: the database URL check reports the redacted URL and the source") {
