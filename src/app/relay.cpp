@@ -384,7 +384,7 @@ private:
     void pump() {
         if (pumping_) return;  // called again by finished() inside deliver()
         pumping_ = true;
-        while (sending_ < cfg_.concurrency && !ready_.empty()) {
+        while (sending_ < cfg_.concurrency && !ready_.empty() && !finishing_) {
             auto next = std::move(ready_.front());
             ready_.pop_front();
             if (std::chrono::steady_clock::now() > next.lease_end - longest_attempt_) {

@@ -99,8 +99,7 @@ void store::connect() {
         // an empty table seq-scans and sorts it at every later claim, however
         // large it grows (measured: 676 ms per claim at 50,000 rows, until
         // autoanalyze invalidates the plan). Every claim has an index to use.
-        tx.exec("SET plan_cache_mode = force_generic_plan");
-        tx.exec("SET enable_seqscan = off");
+        for (const auto& setting : plan_once_settings()) tx.exec(setting);
     }
     // Size 0 claims nothing and still reports what is due next.
     for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
@@ -113,6 +112,10 @@ void store::connect() {
                           "reschedule_delivery", "bury_delivery", "delete_finished_events",
                           "purge_idempotency_keys"});
     conn_ = std::move(c);
+}
+
+std::vector<std::string> store::plan_once_settings() {
+    return {"SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off"};
 }
 
 namespace {

@@ -175,10 +175,15 @@ public:
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
 
+    // The event claim of queries.sql with its size and watermark filled in,
+    // and the settings of the session that runs it (plan_once): public for
+    // the test that checks the plan PostgreSQL makes of it.
+    [[nodiscard]] std::string claim_sql(std::size_t size, bool after_watermark) const;
+    [[nodiscard]] static std::vector<std::string> plan_once_settings();
+
 private:
     pqxx::connection& conn();
     [[nodiscard]] std::string sized(std::string_view query, std::size_t size) const;
-    [[nodiscard]] std::string claim_sql(std::size_t size, bool after_watermark) const;
     template <typename F> auto guarded(F&& f);
 
     std::string dsn_;
