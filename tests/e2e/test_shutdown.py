@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
 
 import pytest
 
-from helpers import wait_delivered, wait_until
+from helpers import duplicates, wait_delivered, wait_until
 from receiver import Receiver
 
 
@@ -121,3 +122,30 @@ def test_sigterm_with_work_that_cannot_finish_in_time_releases_it(db, relay):
                 assert rows[i]["due"], f"released event not due now: {rows[i]}"
         finally:
             hold.set()
+
+
+def test_sigterm_while_claimed_ahead_releases_what_waits_and_sends_nothing_twice(db, receiver, relay):
+    """During a fast backlog drain the relay holds claimed events that wait
+    for a delivery slot. A graceful shutdown must hand those back unsent (not
+    leave them leased for 30 s, not send them on the way out), and the next
+    relay must deliver exactly what is left."""
+    with db.conn.cursor() as cur:
+        cur.execute(f'INSERT INTO "{db.schema}".events (topic, payload) '
+                    "SELECT 'backlog', jsonb_build_object('n', g) FROM generate_series(1, 20000) AS g")
+    db.conn.commit()
+    first = relay(receiver, "--sweep-interval", "1h", "--concurrency", "2")
+    assert receiver.wait_for(2000, timeout=60), "the drain did not get going"
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(15) == 0, first.log()
+    claims = [int(n) for n in re.findall(r'msg=claimed count=(\d+)', first.log())]
+    assert max(claims) > 2, f"the relay never claimed ahead: {sorted(set(claims))}"
+    leased = db.scalar("SELECT count(*) FROM {s}.events WHERE lease_owner IS NOT NULL")
+    assert leased == 0, f"{leased} rows still leased after a graceful shutdown"
+    left = db.count_events()
+    assert 0 < left < 20000 - 2000, left
+
+    second = relay(receiver, "--sweep-interval", "1h")
+    assert db.wait_empty(timeout=60), db.count_events()
+    got = [r.event_id for r in receiver.snapshot()]
+    assert len(got) == 20000 and not duplicates(got), (len(got), len(set(got)))
+    assert second.stop() == 0
