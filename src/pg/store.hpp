@@ -123,8 +123,9 @@ public:
     // ones, and PostgreSQL would otherwise re-plan the drain-mode claim at
     // every call (its custom plans look cheaper as the watermark advances).
     // Measured over a 100k drain with pg_stat_statements: planning 3.9 s of
-    // 7.5 s in claims without it. The session also sets enable_seqscan = off,
-    // so a plan made while the outbox is empty still uses the indexes.
+    // 7.5 s in claims without it. The session also turns off seq scans,
+    // bitmap scans and sorts (plan_once_settings()), so a plan made while the
+    // outbox is empty or small still reads its index in claim order.
     store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session = false,
           bool plan_once = false);
     ~store();
