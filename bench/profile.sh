@@ -9,12 +9,13 @@
 # tracked), the bench receiver and build/outboxd, then prints per statement:
 # calls, planning and execution time per call, rows per call, and µs per
 # event. `paced` also prints the relay's own stages (its debug log: claim
-# queued, claim round trip, hand-off to the event loop, HTTP request). Builds nothing: run bench/run.sh or
-# scripts/build.sh first. Removes its cluster on exit.
+# queued, claim round trip, hand-off to the event loop, HTTP request).
+# Builds nothing: run bench/run.sh or scripts/build.sh first. Removes its
+# cluster on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
-[[ $mode == backlog || $mode == paced ]] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $mode == backlog || $mode == paced ]] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 n=${2:-100000}
 
 dir=$(mktemp -d /tmp/outboxd-profile.XXXXXX)

@@ -17,8 +17,6 @@ public:
     [[nodiscard]] double per_second(clock::time_point now) const noexcept;
 
 private:
-    [[nodiscard]] double decayed(clock::time_point now) const noexcept;
-
     double tau_s_;
     double rate_ = 0.0;  // per second, as of last_
     clock::time_point last_{};

@@ -20,6 +20,11 @@ bool starts_with_ci(std::string_view s, std::string_view lower_prefix) noexcept 
 
 }  // namespace
 
+bool same_header_name(std::string_view a, std::string_view b) noexcept {
+    return a.size() == b.size() &&
+           std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return lower(x) == lower(y); });
+}
+
 // RFC 9110 token characters.
 bool is_header_name(std::string_view s) noexcept {
     if (s.empty()) return false;
@@ -40,9 +45,8 @@ bool is_reserved_header(std::string_view name) noexcept {
     static constexpr std::array<std::string_view, 9> framing{
         "host", "content-length", "content-type", "transfer-encoding", "connection",
         "keep-alive", "upgrade", "te", "trailer"};
-    const bool is_framing = std::any_of(framing.begin(), framing.end(), [&](std::string_view f) {
-        return f.size() == name.size() && starts_with_ci(name, f);
-    });
+    const bool is_framing = std::any_of(framing.begin(), framing.end(),
+                                        [&](std::string_view f) { return same_header_name(name, f); });
     return is_framing || starts_with_ci(name, "webhook-") || starts_with_ci(name, "outbox-");
 }
 
@@ -76,11 +80,7 @@ request_headers_result build_request_headers(const event& e, std::int64_t unix_s
 void add_destination_headers(header_list& headers, const header_list& destination_headers) {
     for (const auto& [name, value] : destination_headers) {
         if (is_reserved_header(name)) continue;
-        std::erase_if(headers, [&](const auto& h) {
-            return h.first.size() == name.size() &&
-                   std::equal(name.begin(), name.end(), h.first.begin(),
-                              [](char a, char b) { return lower(a) == lower(b); });
-        });
+        std::erase_if(headers, [&](const auto& h) { return same_header_name(h.first, name); });
         headers.emplace_back(name, value);
     }
 }

@@ -36,6 +36,8 @@ void add_destination_headers(header_list& headers, const header_list& destinatio
 [[nodiscard]] bool is_header_name(std::string_view name) noexcept;
 // No CR, LF, NUL or other control character except HTAB.
 [[nodiscard]] bool is_header_value(std::string_view value) noexcept;
+// ASCII case-insensitive equality: how header names compare.
+[[nodiscard]] bool same_header_name(std::string_view a, std::string_view b) noexcept;
 // Case-insensitive: the framing and hop-by-hop headers (Host,
 // Content-Length, Connection, ...) and every webhook-* and outbox-* name.
 [[nodiscard]] bool is_reserved_header(std::string_view name) noexcept;

@@ -1,29 +1,25 @@
 #include "http/request_head.hpp"
 
 #include <array>
-#include <optional>
 
 #include <fmt/format.h>
+
+#include "core/webhook_request.hpp"
 
 namespace outboxd::http {
 namespace {
 
-bool same_name(std::string_view a, std::string_view b) noexcept {
-    if (a.size() != b.size()) return false;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
-        if (lower(a[i]) != lower(b[i])) return false;
-    }
-    return true;
-}
+using outboxd::same_header_name;
 
-// Fields that define the message's framing or the connection.
+// Fields that define the message's framing or the connection: the client's
+// own, whoever calls it (core's is_reserved_header is the relay's wider rule
+// for event and configured headers).
 bool reserved(std::string_view name) noexcept {
     static constexpr std::array<std::string_view, 9> ours{
         "host", "content-length", "transfer-encoding", "connection", "keep-alive",
         "proxy-connection", "te", "trailer", "upgrade"};
     for (const auto r : ours) {
-        if (same_name(name, r)) return true;
+        if (same_header_name(name, r)) return true;
     }
     return false;
 }
@@ -39,8 +35,8 @@ std::string request_head(const request_target& to, const header_list& headers, s
     std::string_view content_type = "application/json";
     std::size_t extra = 0;
     for (const auto& [name, value] : headers) {
-        if (same_name(name, "user-agent")) user_agent = value;
-        if (same_name(name, "content-type")) content_type = value;
+        if (same_header_name(name, "user-agent")) user_agent = value;
+        if (same_header_name(name, "content-type")) content_type = value;
         extra += name.size() + value.size() + 4;
     }
     std::string out;
@@ -51,7 +47,7 @@ std::string request_head(const request_target& to, const header_list& headers, s
     field(out, "Content-Type", content_type);
     field(out, "Connection", "keep-alive");
     for (const auto& [name, value] : headers) {
-        if (reserved(name) || same_name(name, "user-agent") || same_name(name, "content-type")) continue;
+        if (reserved(name) || same_header_name(name, "user-agent") || same_header_name(name, "content-type")) continue;
         field(out, name, value);
     }
     fmt::format_to(std::back_inserter(out), "Content-Length: {}\r\n\r\n", body_size);
