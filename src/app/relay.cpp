@@ -271,7 +271,11 @@ private:
         // When the claim was asked for, started on the claim thread and done:
         // the debug log's breakdown of where a claim's time goes.
         claim_timing timing{std::chrono::steady_clock::now(), {}, {}};
-        worker_.submit([this, n, lease = cfg_.lease, busy = std::move(busy), timing](pg::store& store) mutable {
+        // Outcomes recorded before this claim began: if more are recorded
+        // before it returns, its snapshot may predate them (see on_next_due).
+        const auto flushes_before = flushes_recorded_;
+        worker_.submit([this, n, lease = cfg_.lease, busy = std::move(busy), timing,
+                        flushes_before](pg::store& store) mutable {
             timing.started = std::chrono::steady_clock::now();
             try {
                 // Deliveries first when the last claim saw some due (retries
@@ -319,10 +323,11 @@ private:
                 // The dispatcher reads "got as many as asked" as "more may be due".
                 const auto asked = full ? got.size() : got.size() + 1;
                 timing.done = std::chrono::steady_clock::now();
-                net::post(ioc_, [this, asked, got = std::move(got), next_due = claimed.next_due, timing]() mutable {
+                net::post(ioc_, [this, asked, got = std::move(got), next_due = claimed.next_due, timing,
+                                 flushes_before]() mutable {
                     on_claimed(std::move(got), asked, timing);
                     // Retries and delayed events fire on time, not at the next sweep.
-                    on_next_due(next_due);
+                    on_next_due(next_due, flushes_recorded_ == flushes_before);
                 });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, why = scrub_secrets(e.what(), opts_.dsn)] { on_claim_failed(why); });
@@ -398,15 +403,22 @@ private:
         });
     }
 
-    void on_next_due(std::optional<milliseconds> due) {
+    // `current`: no outcome was recorded while the claim ran. Otherwise its
+    // snapshot may predate a retry just recorded (it saw that row still
+    // leased, due at the lease's end), so its answer may only bring the
+    // timer forward, never push the retry's timer back.
+    void on_next_due(std::optional<milliseconds> due, bool current) {
         if (dispatch_.stopping() || !due) return;
-        arm_due(*due, true);
+        arm_due(*due, current);
     }
 
     // The next-due timer: exact retries and delayed events. `replace` when
     // the database's answer is authoritative; otherwise only ever earlier.
     void arm_due(milliseconds in, bool replace) {
-        const auto when = std::chrono::steady_clock::now() + in;
+        // Nothing further than the next sweep needs a timer: the sweep claims
+        // then anyway. Also keeps now() + in from overflowing for an event
+        // due centuries ahead (it made the timer fire at once, in a loop).
+        const auto when = std::chrono::steady_clock::now() + std::clamp(in, milliseconds(0), cfg_.sweep_interval);
         if (!replace && due_armed_ && due_timer_.expiry() <= when) return;
         due_armed_ = true;
         due_timer_.expires_at(when);
@@ -731,6 +743,7 @@ private:
 
     void on_flushed(const outcome_batch& batch, std::size_t fenced, std::optional<milliseconds> retry_in) {
         flushing_ = false;
+        ++flushes_recorded_;
         flush_backoff_.reset();
         if (fenced > 0) {
             log::warn("lease lost before the outcome was recorded; the event's new holder delivers it again",
@@ -874,6 +887,9 @@ private:
     net::steady_timer flush_retry_timer_;
     net::steady_timer shutdown_timer_;
     bool due_armed_ = false;
+    // Outcome batches recorded so far: tells a claim whether one was
+    // recorded while it ran (see on_next_due).
+    std::uint64_t flushes_recorded_ = 0;
     bool flushing_ = false;
     bool finishing_ = false;
     outcome_batch pending_;
