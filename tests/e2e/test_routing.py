@@ -185,3 +185,33 @@ def test_each_destination_has_its_own_secrets_and_headers(db, relay, tmp_path):
         assert ra.headers["x-team"] == "alpha" and "x-team" not in rb.headers
         assert ra.headers["authorization"] == "from-event"
         assert rb.headers["authorization"] == "Bearer b-token"
+
+
+def test_a_relay_leaves_alone_deliveries_for_destinations_it_does_not_know(db, relay, tmp_path):
+    """A rolling deploy: relays with an older configuration (no destination b)
+    run beside relays that know b. The old relay must not claim b's delivery
+    (it would burn its attempts on "not in this relay's configuration"); a
+    relay that knows b delivers it at its first attempt."""
+    with Receiver() as a, Receiver() as b:
+        event_id = db.enqueue("orders.created", {"n": 1})
+        # The state a fan-out leaves when b still owes the event.
+        db.query("UPDATE {s}.events SET fanned_out = true, available_at = 'infinity' WHERE id = %s "
+                 "RETURNING id", (event_id,))
+        db.query("INSERT INTO {s}.deliveries (event_id, destination, available_at, attempts) "
+                 "VALUES (%s, 'b', now(), 0) RETURNING event_id", (event_id,))
+        only_a = ('[defaults.retry]\nbase = "100ms"\ncap = "200ms"\n\n'
+                  f'[destinations.a]\nurl = "{a.url}"\n\n'
+                  '[[routes]]\ntopics = ["orders.>"]\ndestinations = ["a"]\n')
+        old = relay(None, "--config", write_config(tmp_path, only_a, "old.toml"), "--sweep-interval", "200ms")
+        # Several sweeps of the old relay, each a chance to claim it.
+        time.sleep(1.5)
+        [row] = db.deliveries(event_id)
+        assert row["attempts"] == 0 and row["lease_owner"] is None and row["last_error"] is None, row
+        assert a.snapshot() == [] and b.snapshot() == []
+
+        relay(None, "--config", write_config(tmp_path, two_destinations(a, b), "new.toml"))
+        assert wait_delivered(b, [event_id], 10)
+        assert db.wait_empty(timeout=5), (db.events(), db.deliveries())
+        assert [r.headers["outbox-attempt"] for r in b.snapshot()] == ["1"]
+        assert a.snapshot() == [], "a had delivered it already before the fan-out"
+        assert old.alive()
