@@ -151,13 +151,20 @@ struct destination_lane {
     [[nodiscard]] bool full() const noexcept { return busy >= limit; }
 };
 
+std::vector<std::string> destination_names(const config& cfg) {
+    std::vector<std::string> names;
+    for (const auto& d : cfg.destinations) names.push_back(d.name);
+    return names;
+}
+
 class relay {
 public:
     explicit relay(const relay_options& o)
         : opts_(o),
           cfg_(opts_.settings),
           routes_(cfg_),
-          store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/true),
+          store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/true,
+                 destination_names(cfg_)),
           worker_(store_),
           outcome_store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true),
           outcome_worker_(outcome_store_),
@@ -264,9 +271,10 @@ private:
 
     void start_claim(std::size_t n) {
         if (n == 0) return;
-        std::vector<std::string> busy;
+        // Deliveries are claimed only for destinations with a free connection here.
+        std::vector<std::string> open;
         for (std::size_t i = 0; i < lanes_.size(); ++i) {
-            if (lanes_[i].full()) busy.push_back(cfg_.destinations[i].name);
+            if (!lanes_[i].full()) open.push_back(cfg_.destinations[i].name);
         }
         // When the claim was asked for, started on the claim thread and done:
         // the debug log's breakdown of where a claim's time goes.
@@ -274,7 +282,7 @@ private:
         // Outcomes recorded before this claim began: if more are recorded
         // before it returns, its snapshot may predate them (see on_next_due).
         const auto flushes_before = flushes_recorded_;
-        worker_.submit([this, n, lease = cfg_.lease, busy = std::move(busy), timing,
+        worker_.submit([this, n, lease = cfg_.lease, open = std::move(open), timing,
                         flushes_before](pg::store& store) mutable {
             timing.started = std::chrono::steady_clock::now();
             try {
@@ -284,10 +292,10 @@ private:
                 std::vector<event> got;
                 // Whether a statement came back full: then more may be due.
                 bool full = false;
-                const bool tried_deliveries = deliveries_due_;
+                const bool tried_deliveries = deliveries_due_ && !open.empty();
                 if (tried_deliveries) {
                     const auto limit = pg::claim_size(n);
-                    got = store.claim_deliveries(limit, lease, busy);
+                    got = store.claim_deliveries(limit, lease, open);
                     full = got.size() == limit;
                 }
                 // Events come in prepared sizes (powers of two), at most what is left.
@@ -313,9 +321,9 @@ private:
                 }
                 full = full || events_full;
                 std::move(claimed.events.begin(), claimed.events.end(), std::back_inserter(got));
-                if (!tried_deliveries && claimed.deliveries_due && got.size() < n) {
+                if (!tried_deliveries && claimed.deliveries_due && !open.empty() && got.size() < n) {
                     const auto limit = pg::claim_size(n - got.size());
-                    auto more = store.claim_deliveries(limit, lease, busy);
+                    auto more = store.claim_deliveries(limit, lease, open);
                     full = full || more.size() == limit;
                     std::move(more.begin(), more.end(), std::back_inserter(got));
                 }
@@ -472,7 +480,7 @@ private:
         const auto unix_now = std::chrono::duration_cast<std::chrono::seconds>(
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
-        auto built = build_request_headers(e, unix_now);
+        auto built = e.undecodable ? request_headers_result{{}, e.undecodable} : build_request_headers(e, unix_now);
         if (e.destination) {
             deliver_owed(std::move(e), std::move(built), unix_now, lease_end);
             return;
@@ -634,15 +642,22 @@ private:
         const bool keyed = e.ordering_key.has_value();
         const auto it = std::find_if(cfg_.destinations.begin(), cfg_.destinations.end(),
                                      [&](const destination_config& d) { return d.name == *e.destination; });
-        if (built.error || it == cfg_.destinations.end()) {
-            const auto why = built.error ? *built.error
-                                         : fmt::format("destination {} is not in this relay's configuration",
-                                                       *e.destination);
-            const auto outcome = classify_attempt({true, 0, why, {}, {}}, e.attempt, fallback_retry_, unit_(rng_),
-                                                  std::chrono::system_clock::now());
-            record_owed(ref, keyed, {0, outcome, std::nullopt, {}});
-            log::warn("delivery cannot be sent", {{"event_id", fmt::format("{}", e.id)},
-                                                  {"destination", *e.destination}, {"error", why}});
+        if (built.error) {
+            // Nothing about this event can change: dead-letter it there now.
+            log::error("delivery cannot be sent; moving to dead letters",
+                       {{"event_id", fmt::format("{}", e.id)}, {"destination", *e.destination},
+                        {"error", *built.error}});
+            record_owed(ref, keyed, {0, {delivery_outcome::kind::dead, {}, *built.error}, std::nullopt, {}});
+            finished();
+            return;
+        }
+        if (it == cfg_.destinations.end()) {
+            // Cannot happen: claims ask only for our destinations. Should it,
+            // the delivery is not sent but handed back due now.
+            log::warn("delivery for a destination this relay does not know; handed back",
+                      {{"event_id", fmt::format("{}", e.id)}, {"destination", *e.destination}});
+            pending_.deliveries.retries.push_back(
+                {ref, milliseconds(0), fmt::format("destination {} is not in this relay's configuration", *e.destination)});
             finished();
             return;
         }

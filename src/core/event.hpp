@@ -28,6 +28,10 @@ struct event {
     // The event's key still has deliveries waiting at some destination: it
     // must queue behind them (be fanned out), not be sent straight away.
     bool key_pending = false;
+    // Set when the claimed row could not be decoded (e.g. header bytes that
+    // are not UTF-8, which a SQL_ASCII database stores): the reason. Such an
+    // event can never be sent; the relay moves it to dead letters.
+    std::optional<std::string> undecodable;
 };
 
 }  // namespace outboxd

@@ -110,7 +110,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
             WHERE available_at > now() AND available_at < 'infinity'),
            (SELECT min(available_at) FROM :"schema".deliveries WHERE available_at > now()))
        - now())) * 1000)::bigint END,
-       EXISTS (SELECT 1 FROM :"schema".deliveries WHERE available_at <= now()),
+       -- only deliveries to destinations this relay knows (:known_destination
+       -- is filled in by the store): another relay's are none of its business
+       EXISTS (SELECT 1 FROM :"schema".deliveries WHERE available_at <= now() AND :known_destination),
        -- the watermark: the last row claimed, in claim order
        last.available_at::text, last.id
 FROM (SELECT 1) AS one
@@ -122,13 +124,16 @@ LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC 
 -- delivery of its key to the same destination is waiting or leased, and no
 -- earlier event of its key waits to be sent. So a key never has two events
 -- out at once at any destination, across any number of relays.
--- $1 = lease owner, $2 = lease in ms, $3 = destinations to leave alone (all
--- their connections are busy in this relay); :claim_size as in the claim.
+-- $1 = lease owner, $2 = lease in ms, $3 = the destinations to claim for:
+-- those this relay knows and has a free connection to. A delivery to a
+-- destination the relay does not know (another relay's, or one added by a
+-- newer configuration during a rolling deploy) is left alone, not failed.
+-- :claim_size as in the claim.
 WITH due AS (
     SELECT d.event_id, d.destination
     FROM :"schema".deliveries d
     WHERE d.available_at <= now()
-      AND d.destination <> ALL ($3::text[])
+      AND d.destination = ANY ($3::text[])
       AND (d.ordering_key IS NULL OR (
               NOT EXISTS (
                   SELECT 1 FROM :"schema".deliveries other

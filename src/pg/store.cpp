@@ -75,12 +75,14 @@ std::size_t claim_size(std::size_t wanted) noexcept {
     return size;
 }
 
-store::store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session, bool plan_once)
+store::store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session, bool plan_once,
+             std::optional<std::vector<std::string>> destinations)
     : dsn_(std::move(dsn)),
       schema_(std::move(schema)),
       owner_(std::move(lease_owner)),
       relay_session_(relay_session),
       plan_once_(plan_once),
+      destinations_(std::move(destinations)),
       queries_(schema_) {}
 
 store::~store() = default;
@@ -149,6 +151,13 @@ std::string store::claim_sql(std::size_t size, bool after_watermark) const {
     fill(text, "AND :after_watermark",
          after_watermark ? "AND (e.available_at, e.id) > ($3::timestamptz, $4::bigint)" : "AND true");
     fill(text, "WHEN :outside_drain", after_watermark ? "WHEN false" : "WHEN true");
+    // A literal, like the size: the set is fixed for the connection's life.
+    fill(text, "AND :known_destination",
+         destinations_ ? fmt::format("AND destination = ANY ({}::text[])",
+                                     quote_literal(text_array(*destinations_, [](const std::string& d) {
+                                         return std::optional(d);
+                                     })))
+                       : "AND true");
     return text;
 }
 
@@ -181,14 +190,23 @@ namespace {
 
 // The columns both claims return first: id, topic, ordering_key, payload,
 // headers, attempts.
+// Decoded row by row: a row that cannot be decoded comes back with the
+// reason (and its id and attempt, to dead-letter it under our lease) instead
+// of failing the whole claim, whose other rows would stay leased unsent.
 event read_claimed(const pqxx::row& row) {
     event e;
     e.id = row[0].as<std::int64_t>();
+    e.attempt = row[5].as<std::int32_t>();
     e.topic = row[1].c_str();
     if (!row[2].is_null()) e.ordering_key = std::string(row[2].c_str(), row[2].size());
     e.payload.assign(row[3].c_str(), row[3].size());
-    e.headers = parse_headers(row[4].c_str());
-    e.attempt = row[5].as<std::int32_t>();
+    try {
+        e.headers = parse_headers(row[4].c_str());
+    } catch (const std::exception&) {
+        // Not the parser's text: it quotes the offending bytes.
+        e.undecodable = "the event's headers cannot be decoded as UTF-8 JSON (the database's encoding is not "
+                        "UTF-8?); it cannot be sent";
+    }
     return e;
 }
 
@@ -223,12 +241,12 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
 }
 
 std::vector<event> store::claim_deliveries(std::size_t limit, std::chrono::milliseconds lease,
-                                           std::span<const std::string> busy_destinations) {
+                                           std::span<const std::string> destinations) {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         const auto r = tx.exec_prepared(
             fmt::format("claim_deliveries_{}", claim_size(limit)), owner_, static_cast<long long>(lease.count()),
-            text_array(busy_destinations, [](const std::string& d) { return std::optional(d); }));
+            text_array(destinations, [](const std::string& d) { return std::optional(d); }));
         std::vector<event> out;
         out.reserve(r.size());
         for (const auto& row : r) {

@@ -126,8 +126,10 @@ public:
     // 7.5 s in claims without it. The session also turns off seq scans,
     // bitmap scans and sorts (plan_once_settings()), so a plan made while the
     // outbox is empty or small still reads its index in claim order.
+    // destinations: the relay's configured destinations; its claims report
+    // only their deliveries as due (nullopt: any destination's).
     store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session = false,
-          bool plan_once = false);
+          bool plan_once = false, std::optional<std::vector<std::string>> destinations = std::nullopt);
     ~store();
     store(const store&) = delete;
     store& operator=(const store&) = delete;
@@ -147,10 +149,10 @@ public:
     // it must follow before events that committed late are seen).
     [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease,
                                      const std::optional<claim_watermark>& after = std::nullopt);
-    // Up to claim_size(limit) due deliveries (event.destination set), leased
-    // to us; deliveries to `busy_destinations` are left for later.
+    // Up to claim_size(limit) due deliveries (event.destination set) to the
+    // given destinations only, leased to us.
     [[nodiscard]] std::vector<event> claim_deliveries(std::size_t limit, std::chrono::milliseconds lease,
-                                                      std::span<const std::string> busy_destinations = {});
+                                                      std::span<const std::string> destinations);
 
     // Each returns which of the given events were still ours (fencing).
     [[nodiscard]] std::vector<std::int64_t> complete(std::span<const lease_ref> delivered);
@@ -192,6 +194,7 @@ private:
     std::string owner_;
     bool relay_session_;
     bool plan_once_;
+    std::optional<std::vector<std::string>> destinations_;
     query_book queries_;
     std::unique_ptr<pqxx::connection> conn_;
 };

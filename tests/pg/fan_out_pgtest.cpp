@@ -54,10 +54,13 @@ std::vector<std::string> claimed(const std::vector<event>& events) {
     return out;
 }
 
+// Every destination these tests use.
+const std::vector<std::string> destinations{"a", "b", "c", "x", "y", "hooks", "search", "audit"};
+
 // What the relay's claim does: due deliveries first, then events, at most
 // `n` in all.
 std::vector<event> claim_all(pg::store& s, std::size_t n) {
-    auto got = s.claim_deliveries(n, 30s);
+    auto got = s.claim_deliveries(n, 30s, destinations);
     auto events = s.claim(n - got.size(), 30s).events;
     std::move(events.begin(), events.end(), std::back_inserter(got));
     return got;
@@ -198,7 +201,7 @@ TEST_CASE("the event claim says when deliveries are due; a claim of deliveries n
     for (int i = 0; i < 3; ++i) REQUIRE(s.fan_out({ids[static_cast<std::size_t>(i)], 1}, std::vector{owe("a"), owe("b")}, {}));
     REQUIRE(s.fan_out({ids[3], 1}, {}, {}));  // done everywhere: deleted
     CHECK(s.claim(0, 30s).deliveries_due);
-    CHECK(s.claim_deliveries(4, 30s).size() == 4);
+    CHECK(s.claim_deliveries(4, 30s, destinations).size() == 4);
     CHECK(s.claim(0, 30s).deliveries_due);
     CHECK(claim_all(s, 100).size() == 2 + 2);  // 2 deliveries left, 2 events never claimed
     CHECK_FALSE(s.claim(0, 30s).deliveries_due);  // all leased now
@@ -271,4 +274,19 @@ TEST_CASE("dead letters of one event at two destinations coexist, and both repla
     CHECK(pg::replay_dead(*db.admin, db.schema.name(), {std::optional<std::int64_t>(id), {}, {}}) ==
           std::vector<std::int64_t>{id});
     CHECK(claimed(claim_all(s, 10)) == std::vector{at(id, "audit"), at(id, "search")});
+}
+
+TEST_CASE("a relay's store leaves deliveries to destinations it does not know alone, and does not call them due") {
+    installed db;
+    auto s = db.store("relay-a");
+    pg::store only_a(testing::database_url(), db.schema.name(), "relay-old", false, false,
+                     std::vector<std::string>{"a"});
+    const auto id = s.enqueue(ev());
+    REQUIRE(claim_all(s, 1).size() == 1);
+    REQUIRE(s.fan_out({id, 1}, std::vector{owe("b")}, {}));
+
+    CHECK_FALSE(only_a.claim(0, 30s).deliveries_due);
+    CHECK(only_a.claim_deliveries(4, 30s, std::vector<std::string>{"a"}).empty());
+    CHECK(s.claim(0, 30s).deliveries_due);
+    CHECK(claimed(s.claim_deliveries(4, 30s, std::vector<std::string>{"b"})) == std::vector{at(id, "b")});
 }
