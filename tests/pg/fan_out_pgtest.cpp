@@ -290,3 +290,46 @@ TEST_CASE("a relay's store leaves deliveries to destinations it does not know al
     CHECK(s.claim(0, 30s).deliveries_due);
     CHECK(claimed(s.claim_deliveries(4, 30s, std::vector<std::string>{"b"})) == std::vector{at(id, "b")});
 }
+
+TEST_CASE("a replay racing an event's last delivery leaves no delivery without its event") {
+    // y's dead letter is replayed while x's delivery, the event's last one,
+    // is finished. Forced interleaving: the replay stalls before its commit
+    // (a statement trigger of the test's own sleeps), after it found the
+    // event still there and wrote y's delivery; the last delivery is
+    // finished meanwhile.
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev("k"));
+    REQUIRE(claim_all(s, 10).size() == 1);
+    REQUIRE(s.fan_out({id, 1}, std::vector{owe("x")}, std::vector{pg::dead_delivery{"y", 1, "HTTP 410", 410, ""}}));
+    const auto got = claim_all(s, 10);
+    REQUIRE(claimed(got) == std::vector{at(id, "x")});
+    {
+        pqxx::nontransaction tx(*db.admin);
+        tx.exec(fmt::format("CREATE FUNCTION {0}.stall() RETURNS trigger LANGUAGE plpgsql AS "
+                            "$$ BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$; "
+                            "CREATE TRIGGER stall AFTER INSERT ON {0}.events "
+                            "FOR EACH STATEMENT EXECUTE FUNCTION {0}.stall()",
+                            db.schema.q()));
+    }
+
+    auto replayer = testing::connect();
+    std::vector<std::int64_t> replayed;
+    std::thread replay([&] { replayed = pg::replay_dead(*replayer, db.schema.name(), {}); });
+    // Wait until the replay sleeps in the trigger.
+    for (int i = 0; i < 200 && db.query("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'") == "0";
+         ++i) {
+        std::this_thread::sleep_for(10ms);
+    }
+    pg::delivery_outcomes done;
+    done.delivered.push_back({id, "x", got[0].attempt});
+    const auto fenced = s.finish_deliveries(done);
+    replay.join();
+    CHECK(fenced == 0);
+    CHECK(replayed == std::vector<std::int64_t>{id});
+
+    // y is owed the event, and the event is there to be sent.
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries d WHERE NOT EXISTS "
+                   "(SELECT 1 FROM {s}.events e WHERE e.id = d.event_id)") == "0");
+    CHECK(claimed(claim_all(s, 10)) == std::vector{at(id, "y")});
+}
