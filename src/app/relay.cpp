@@ -443,6 +443,7 @@ private:
             if (ec || dispatch_.stopping()) return;
             wake();
             purge_idempotency_keys();
+            bury_orphan_deliveries();
             arm_sweep();
         });
     }
@@ -458,6 +459,19 @@ private:
                 }
             } catch (const std::exception& e) {
                 log::warn("purging idempotency keys failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+            }
+        });
+    }
+
+    void bury_orphan_deliveries() {
+        outcome_worker_.submit([this](pg::store& store) {
+            try {
+                for (const auto& d : store.bury_orphan_deliveries()) {
+                    log::error("a delivery had lost its event row (payload gone); moved to dead letters",
+                               {{"event_id", fmt::format("{}", d.id)}, {"destination", d.destination}});
+                }
+            } catch (const std::exception& e) {
+                log::warn("checking for orphaned deliveries failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
             }
         });
     }

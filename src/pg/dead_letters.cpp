@@ -52,6 +52,9 @@ std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string&
     pqxx::work tx(conn);
     const auto id = as_text(filter.id);
     const auto older = as_text(filter.older_than);
+    // Two statements: the replay must see what a relay that held these
+    // events' locks committed (see dead_replay_lock in queries.sql).
+    tx.exec_params(q.sql("dead_replay_lock"), nullable(id), nullable(filter.topic), nullable(older));
     const auto r = tx.exec_params(q.sql("dead_replay"), nullable(id), nullable(filter.topic), nullable(older));
     tx.commit();
     std::vector<std::int64_t> ids;

@@ -124,6 +124,8 @@ LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC 
 -- delivery of its key to the same destination is waiting or leased, and no
 -- earlier event of its key waits to be sent. So a key never has two events
 -- out at once at any destination, across any number of relays.
+-- A delivery whose event row is missing (see bury_orphan_deliveries) is
+-- never claimed: it could not be sent.
 -- $1 = lease owner, $2 = lease in ms, $3 = the destinations to claim for:
 -- those this relay knows and has a free connection to. A delivery to a
 -- destination the relay does not know (another relay's, or one added by a
@@ -134,6 +136,7 @@ WITH due AS (
     FROM :"schema".deliveries d
     WHERE d.available_at <= now()
       AND d.destination = ANY ($3::text[])
+      AND EXISTS (SELECT 1 FROM :"schema".events owner WHERE owner.id = d.event_id)
       AND (d.ordering_key IS NULL OR (
               NOT EXISTS (
                   SELECT 1 FROM :"schema".deliveries other
@@ -298,6 +301,27 @@ WHERE e.id = ANY($1::bigint[])
   AND NOT EXISTS (SELECT 1 FROM :"schema".deliveries d WHERE d.event_id = e.id)
 RETURNING e.id;
 
+-- name: bury_orphan_deliveries
+-- Deliveries whose event row is gone cannot be sent (the payload lived in
+-- it). Only a dead-letter replay racing the event's last delivery made them
+-- (fixed by dead_replay_lock); an outbox may still hold some. Each becomes a
+-- dead letter of its destination that says so, visible in `dead list` and
+-- `status`, and stops holding back its key there. Run at every sweep.
+WITH gone AS (
+    DELETE FROM :"schema".deliveries d
+    WHERE NOT EXISTS (SELECT 1 FROM :"schema".events e WHERE e.id = d.event_id)
+      AND (d.lease_owner IS NULL OR d.available_at <= now())
+    RETURNING d.event_id, d.destination, d.ordering_key, d.attempts
+)
+INSERT INTO :"schema".dead_letters
+    (id, topic, ordering_key, payload, headers, created_at, attempts, last_error, destination)
+SELECT event_id, '(unknown: event row missing)', ordering_key, 'null', '{}', now(), attempts,
+       'this delivery had lost its event row (a dead-letter replay raced its last delivery); '
+       'topic and payload are gone, replaying it sends null', destination
+FROM gone
+ON CONFLICT DO NOTHING
+RETURNING id, destination;
+
 -- name: purge_idempotency_keys
 -- $1 = retention in ms. Returns how many keys were forgotten.
 SELECT :"schema".purge_idempotency_keys($1 * interval '1 millisecond');
@@ -315,6 +339,24 @@ WHERE ($1::text IS NULL OR topic = $1)
   AND ($2::bigint IS NULL OR died_at < now() - $2 * interval '1 millisecond')
 ORDER BY id, destination
 LIMIT $3;
+
+-- name: dead_replay_lock
+-- Taken first, in the replay's transaction: the events still present that
+-- the replay will owe deliveries to, locked in id order like lock_events.
+-- Without it a relay finishing such an event's last delivery at the same
+-- moment did not see the replay's (uncommitted) delivery row and deleted
+-- the event under it: a delivery without its event, never sendable. With
+-- it, whichever comes second sees what the first committed: the finisher
+-- keeps the event, or the replay finds it gone and puts it back.
+-- $1..$3 as dead_replay.
+SELECT e.id FROM :"schema".events e
+WHERE e.id IN (
+    SELECT id FROM :"schema".dead_letters
+    WHERE ($1::bigint IS NULL OR id = $1)
+      AND ($2::text IS NULL OR topic = $2)
+      AND ($3::bigint IS NULL OR died_at < now() - $3 * interval '1 millisecond'))
+ORDER BY e.id
+FOR UPDATE;
 
 -- name: dead_replay
 -- Moves dead letters back into the outbox under their original id (consumers

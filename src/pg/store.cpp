@@ -362,6 +362,17 @@ std::size_t store::release() {
     });
 }
 
+std::vector<delivery_ref> store::bury_orphan_deliveries() {
+    return guarded([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        std::vector<delivery_ref> out;
+        for (const auto& row : tx.exec(queries_.sql("bury_orphan_deliveries"))) {
+            out.push_back({row[0].as<std::int64_t>(), row[1].c_str(), 0});
+        }
+        return out;
+    });
+}
+
 std::int64_t store::purge_idempotency_keys(std::chrono::milliseconds retention) {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);

@@ -173,6 +173,10 @@ public:
 
     [[nodiscard]] std::int64_t enqueue(const new_event& e);
 
+    // Moves deliveries whose event row is gone to dead letters (see
+    // bury_orphan_deliveries in queries.sql). Returns them.
+    [[nodiscard]] std::vector<delivery_ref> bury_orphan_deliveries();
+
     // Forgets idempotency keys older than `retention`. Returns how many.
     std::int64_t purge_idempotency_keys(std::chrono::milliseconds retention);
 

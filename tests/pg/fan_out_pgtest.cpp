@@ -333,3 +333,26 @@ TEST_CASE("a replay racing an event's last delivery leaves no delivery without i
                    "(SELECT 1 FROM {s}.events e WHERE e.id = d.event_id)") == "0");
     CHECK(claimed(claim_all(s, 10)) == std::vector{at(id, "y")});
 }
+
+TEST_CASE("a delivery without its event is never claimed, and the sweep turns it into a dead letter that says so") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev("k"));
+    const auto later = s.enqueue(ev("k"));
+    REQUIRE(claim_all(s, 10).size() == 1);
+    REQUIRE(s.fan_out({id, 1}, std::vector{owe("x")}, {}));
+    // What the replay race left behind in outboxes written before the fix.
+    (void)db.query("WITH gone AS (DELETE FROM {s}.events WHERE id = " + std::to_string(id) +
+                   " RETURNING id) SELECT count(*) FROM gone");
+
+    CHECK(s.claim_deliveries(10, 30s, destinations).empty());
+    const auto buried = s.bury_orphan_deliveries();
+    REQUIRE(buried.size() == 1);
+    CHECK(buried[0].id == id);
+    CHECK(buried[0].destination == "x");
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries") == "0");
+    CHECK(db.query("SELECT last_error LIKE '%lost its event row%' FROM {s}.dead_letters WHERE id = " +
+                   std::to_string(id)) == "t");
+    // Its key is free again at x.
+    CHECK(claimed(claim_all(s, 10)) == std::vector{at(later, "*")});
+}
