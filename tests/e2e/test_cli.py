@@ -114,6 +114,20 @@ def test_enqueue_from_the_cli_is_delivered_with_key_and_headers(outboxd, databas
     assert req.headers.get("x-trace") == "abc=def", req.headers
 
 
+def test_enqueue_stores_the_payload_text_exactly_numbers_included(outboxd, database_url, db):
+    # Beyond a double's precision, and a scale a double forgets.
+    payload = '{"big": 18446744073709551616, "price": 19.990, "tiny": 1e-400}'
+    r = outboxd("--database-url", database_url, "--schema", db.schema,
+                "enqueue", "--topic", "t", "--payload", payload)
+    assert r.rc == EXIT_OK, r
+    event_id = int(r.stdout.strip().splitlines()[-1])
+    stored = db.scalar("SELECT payload::text FROM {s}.events WHERE id = %s", (event_id,))
+    # jsonb's own rendering of the same text, as SQL enqueue() stores it.
+    same = db.scalar("SELECT %s::jsonb::text", (payload,))
+    assert stored == same, (stored, same)
+    assert "18446744073709551616" in stored and "19.990" in stored, stored
+
+
 @pytest.mark.parametrize("header", ["novalue", "=v", "bad name=v", "x=a\r\nInjected: 1"],
                          ids=["no-equals", "empty-name", "space-in-name", "crlf"])
 def test_enqueue_with_a_bad_header_is_refused(outboxd, database_url, db, header):
