@@ -17,7 +17,7 @@ struct option_spec {
     bool takes_value = true;
 };
 
-constexpr std::array<option_spec, 32> known_options{{
+constexpr std::array<option_spec, 33> known_options{{
     {"config", ""},
     {"database-url", ""},
     {"schema", ""},
@@ -50,6 +50,7 @@ constexpr std::array<option_spec, 32> known_options{{
     {"id", "dead"},
     {"json", "dead status", false, false},
     {"all", "dead", false, false},
+    {"dry-run", "dead", false, false},
 }};
 
 constexpr std::array<std::string_view, 7> commands{"migrate", "sql", "enqueue", "run", "check-config", "dead",
@@ -163,7 +164,8 @@ Commands:
   dead list   dead letters, oldest first [--topic T] [--older-than D] [--limit N] [--json]
   dead replay put dead letters back into the outbox under their original ids, due now:
               --id N, or --all, or a filter [--topic T] [--older-than D]
-  dead purge  delete dead letters --older-than D [--topic T]
+  dead purge  delete dead letters --older-than D [--topic T] [--dry-run]
+              (--topic takes a route pattern: orders.* or orders.>)
 
 Global options (also as environment variables):
   --config FILE        OUTBOXD_CONFIG     TOML configuration (see README "Configuration");

@@ -28,6 +28,7 @@
 #include "core/migration_set.hpp"
 #include "core/signing.hpp"
 #include "core/sql_ident.hpp"
+#include "core/topic_pattern.hpp"
 #include "pg/conninfo.hpp"
 #include "pg/dead_letters.hpp"
 #include "pg/migrator.hpp"
@@ -190,10 +191,15 @@ int cmd_enqueue(const parsed_args& args) {
     } else {
         e.payload.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
     }
-    try {
-        e.payload = nlohmann::json::parse(e.payload).dump();
-    } catch (const nlohmann::json::parse_error& err) {
-        throw fatal_error(exit_invalid_input, fmt::format("payload is not valid JSON: {}", err.what()));
+    // Validated, never re-serialised: the text reaches PostgreSQL as given,
+    // so numbers keep every digit (jsonb stores them exactly).
+    if (!nlohmann::json::accept(e.payload)) {
+        try {
+            const auto for_its_message = nlohmann::json::parse(e.payload);
+            (void)for_its_message;
+        } catch (const nlohmann::json::parse_error& err) {
+            throw fatal_error(exit_invalid_input, fmt::format("payload is not valid JSON: {}", err.what()));
+        }
     }
     e.ordering_key = args.get("key");
     e.idempotency_key = args.get("idempotency-key");
@@ -255,7 +261,9 @@ int cmd_status(const parsed_args& args) {
 
 pg::dead_filter dead_filter_of(const parsed_args& args) {
     pg::dead_filter f;
-    f.topic = args.get("topic");
+    if (const auto topic = args.get("topic")) {
+        f.topic = usage_checked("topic", [&] { return topic_pattern::parse(*topic).to_regex(); });
+    }
     if (args.get("older-than")) f.older_than = duration_option(args, "older-than", {});
     if (args.get("id")) f.id = parse_int(args, "id", 0, 1, std::numeric_limits<long long>::max());
     return f;
@@ -280,12 +288,15 @@ int cmd_dead(const parsed_args& args) {
                 for (const auto& d : dead) {
                     nlohmann::json j{{"id", d.id}, {"topic", d.topic}, {"attempts", d.attempts},
                                      {"last_error", d.last_error}, {"response_excerpt", d.response_excerpt},
-                                     {"created_at", d.created_at}, {"died_at", d.died_at},
-                                     {"payload", nlohmann::json::parse(d.payload)}};
+                                     {"created_at", d.created_at}, {"died_at", d.died_at}};
                     j["ordering_key"] = d.ordering_key ? nlohmann::json(*d.ordering_key) : nlohmann::json();
                     j["last_status"] = d.last_status ? nlohmann::json(*d.last_status) : nlohmann::json();
                     j["destination"] = d.destination ? nlohmann::json(*d.destination) : nlohmann::json();
-                    std::cout << j.dump() << '\n';
+                    // The payload as stored (PostgreSQL's JSON text), spliced in
+                    // rather than parsed: a parse would round its numbers.
+                    auto line = j.dump();
+                    line.pop_back();
+                    std::cout << line << R"(,"payload":)" << d.payload << "}\n";
                 }
                 return exit_ok;
             }
@@ -300,12 +311,19 @@ int cmd_dead(const parsed_args& args) {
         }
         if (args.subcommand == "replay") {
             const auto ids = pg::replay_dead(*conn, schema, filter);
+            if (filter.id && ids.empty()) {
+                throw fatal_error(exit_invalid_input, fmt::format("no dead letter with id {}; nothing replayed "
+                                                                  "(`outboxd dead list` shows them)",
+                                                                  *filter.id));
+            }
             log::info("replayed dead letters", {{"count", fmt::format("{}", ids.size())}});
             for (const auto id : ids) std::cout << id << '\n';
             return exit_ok;
         }
-        const auto purged = pg::purge_dead(*conn, schema, *filter.older_than, filter.topic);
-        log::info("purged dead letters", {{"count", fmt::format("{}", purged)}});
+        const bool dry_run = args.flag("dry-run");
+        const auto purged = pg::purge_dead(*conn, schema, *filter.older_than, filter.topic, dry_run);
+        log::info(dry_run ? "would purge dead letters (dry run: nothing deleted)" : "purged dead letters",
+                  {{"count", fmt::format("{}", purged)}});
         std::cout << purged << '\n';
         return exit_ok;
     });

@@ -1,6 +1,7 @@
 #include "core/topic_pattern.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -43,6 +44,9 @@ topic_pattern topic_pattern::parse(std::string_view text) {
         } else if (tok == ">") {
             p.tokens_.push_back({kind::rest, pos, end - pos});
             p.literal_ = false;
+        } else if (tok == "#") {
+            // RabbitMQ's wildcard; here it would be a literal that never matches.
+            throw bad("'#' is not a wildcard here: use '>' for one or more tokens, '*' for exactly one");
         } else if (tok.find_first_of("*>") != std::string_view::npos) {
             throw bad("'*' and '>' must be whole tokens");
         } else {
@@ -52,6 +56,32 @@ topic_pattern topic_pattern::parse(std::string_view text) {
         pos = dot + 1;
     }
     return p;
+}
+
+std::string topic_pattern::to_regex() const {
+    const std::string_view text = text_;
+    std::string out = "^";
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+        const auto& t = tokens_[i];
+        if (i > 0) out += "\\.";
+        switch (t.k) {
+            case kind::one: out += "[^.]+"; break;
+            case kind::rest: out += "[^.]+(\\.[^.]+)*"; break;
+            case kind::literal:
+                for (const char c : text.substr(t.offset, t.size)) {
+                    // In PostgreSQL's regular expressions a backslash before
+                    // any character that is not a letter or digit makes it
+                    // literal. Bytes of non-ASCII characters are never
+                    // metacharacters: left as they are.
+                    const auto u = static_cast<unsigned char>(c);
+                    if (u < 0x80 && !std::isalnum(u)) out.push_back('\\');
+                    out.push_back(c);
+                }
+                break;
+        }
+    }
+    out += "$";
+    return out;
 }
 
 bool topic_pattern::matches(std::string_view topic) const noexcept {

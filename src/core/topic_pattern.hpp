@@ -34,6 +34,9 @@ public:
     [[nodiscard]] static topic_pattern parse(std::string_view text);
 
     [[nodiscard]] bool matches(std::string_view topic) const noexcept;
+    // The same test as a PostgreSQL regular expression (for `topic ~ $1` in
+    // the CLI's queries): anchored, literal tokens escaped.
+    [[nodiscard]] std::string to_regex() const;
 
     [[nodiscard]] const std::string& text() const noexcept { return text_; }
     // True when the pattern has no wildcard (it matches only itself).

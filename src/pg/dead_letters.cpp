@@ -63,9 +63,13 @@ std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string&
 }
 
 std::size_t purge_dead(pqxx::connection& conn, const std::string& schema, std::chrono::milliseconds older_than,
-                       const std::optional<std::string>& topic) {
+                       const std::optional<std::string>& topic, bool dry_run) {
     const query_book q(schema);
     pqxx::work tx(conn);
+    if (dry_run) {
+        return tx.exec_params1(q.sql("dead_purge_count"), static_cast<long long>(older_than.count()), nullable(topic))[0]
+            .as<std::size_t>();
+    }
     const auto r = tx.exec_params(q.sql("dead_purge"), static_cast<long long>(older_than.count()), nullable(topic));
     tx.commit();
     return r.size();

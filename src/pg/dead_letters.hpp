@@ -14,6 +14,7 @@ namespace outboxd::pg {
 
 struct dead_filter {
     std::optional<std::int64_t> id;  // replay only
+    // A topic pattern as a PostgreSQL regular expression (topic_pattern::to_regex).
     std::optional<std::string> topic;
     std::optional<std::chrono::milliseconds> older_than;  // died at least this long ago
 };
@@ -54,8 +55,10 @@ struct topic_status {
                                                     const dead_filter& filter);
 
 // Deletes dead letters that died more than `older_than` ago. Returns how many.
+// dry_run: counts what would be deleted and deletes nothing.
 [[nodiscard]] std::size_t purge_dead(pqxx::connection& conn, const std::string& schema,
-                                     std::chrono::milliseconds older_than, const std::optional<std::string>& topic);
+                                     std::chrono::milliseconds older_than, const std::optional<std::string>& topic,
+                                     bool dry_run = false);
 
 [[nodiscard]] std::vector<topic_status> outbox_status(pqxx::connection& conn, const std::string& schema);
 

@@ -330,12 +330,12 @@ SELECT :"schema".purge_idempotency_keys($1 * interval '1 millisecond');
 SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval '1 millisecond');
 
 -- name: dead_list
--- $1 = topic or NULL, $2 = only those that died more than $2 ms ago (or NULL),
+-- $1 = topic pattern as a regular expression (topic_pattern::to_regex) or NULL, $2 = only those that died more than $2 ms ago (or NULL),
 -- $3 = limit. Oldest first.
 SELECT id, topic, ordering_key, attempts, last_status, last_error, response_excerpt,
        created_at, died_at, payload::text, destination
 FROM :"schema".dead_letters
-WHERE ($1::text IS NULL OR topic = $1)
+WHERE ($1::text IS NULL OR topic ~ $1)
   AND ($2::bigint IS NULL OR died_at < now() - $2 * interval '1 millisecond')
 ORDER BY id, destination
 LIMIT $3;
@@ -353,7 +353,7 @@ SELECT e.id FROM :"schema".events e
 WHERE e.id IN (
     SELECT id FROM :"schema".dead_letters
     WHERE ($1::bigint IS NULL OR id = $1)
-      AND ($2::text IS NULL OR topic = $2)
+      AND ($2::text IS NULL OR topic ~ $2)
       AND ($3::bigint IS NULL OR died_at < now() - $3 * interval '1 millisecond'))
 ORDER BY e.id
 FOR UPDATE;
@@ -364,11 +364,12 @@ FOR UPDATE;
 -- event (destination NULL) is routed again; one destination's dead delivery
 -- goes to that destination only (its event row is parked as fanned out, or
 -- is still there because other destinations still owe it).
--- $1 = one id or NULL, $2 = topic or NULL, $3 = older than $3 ms or NULL.
+-- $1 = one id or NULL, $2 = topic pattern as a regular expression or NULL,
+-- $3 = older than $3 ms or NULL.
 WITH revived AS (
     DELETE FROM :"schema".dead_letters
     WHERE ($1::bigint IS NULL OR id = $1)
-      AND ($2::text IS NULL OR topic = $2)
+      AND ($2::text IS NULL OR topic ~ $2)
       AND ($3::bigint IS NULL OR died_at < now() - $3 * interval '1 millisecond')
     RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, last_error, destination
 ), whole AS (
@@ -391,11 +392,17 @@ WITH revived AS (
 SELECT DISTINCT id FROM revived ORDER BY id;
 
 -- name: dead_purge
--- $1 = older than $1 ms, $2 = topic or NULL.
+-- $1 = older than $1 ms, $2 = topic pattern as a regular expression or NULL.
 DELETE FROM :"schema".dead_letters
 WHERE died_at < now() - $1 * interval '1 millisecond'
-  AND ($2::text IS NULL OR topic = $2)
+  AND ($2::text IS NULL OR topic ~ $2)
 RETURNING id;
+
+-- name: dead_purge_count
+-- What dead_purge would delete (`dead purge --dry-run`). Same parameters.
+SELECT count(*) FROM :"schema".dead_letters
+WHERE died_at < now() - $1 * interval '1 millisecond'
+  AND ($2::text IS NULL OR topic ~ $2);
 
 -- name: status
 -- Per topic: what waits in the outbox and what died, with the latest error

@@ -114,10 +114,21 @@ TEST_CASE("topic_pattern: invalid patterns say what is wrong and quote the patte
         {"a.>.>", "invalid topic pattern \"a.>.>\": '>' must be the last token"},
         {"a.>.*", "invalid topic pattern \"a.>.*\": '>' must be the last token"},
         {"a\nb", "invalid topic pattern: contains a control character"},
+        {"orders.#", "invalid topic pattern \"orders.#\": '#' is not a wildcard here: use '>'"},
     };
     for (const auto& [pattern, message] : cases) {
         CAPTURE(pattern);
         const auto error = error_of(pattern);
         CHECK(error.starts_with(message));
     }
+}
+
+TEST_CASE("to_regex: the same test for PostgreSQL's ~ operator") {
+    CHECK(topic_pattern::parse("orders.created").to_regex() == R"(^orders\.created$)");
+    CHECK(topic_pattern::parse("orders.*").to_regex() == R"(^orders\.[^.]+$)");
+    CHECK(topic_pattern::parse("orders.>").to_regex() == R"(^orders\.[^.]+(\.[^.]+)*$)");
+    CHECK(topic_pattern::parse(">").to_regex() == R"(^[^.]+(\.[^.]+)*$)");
+    // Regex metacharacters in a literal token stay literal.
+    CHECK(topic_pattern::parse("a+b.(c)|d$").to_regex() == R"(^a\+b\.\(c\)\|d\$$)");
+    CHECK(topic_pattern::parse("caf\xc3\xa9-x_1").to_regex() == "^caf\xc3\xa9\\-x\\_1$");
 }
