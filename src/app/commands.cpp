@@ -238,22 +238,27 @@ int cmd_status(const parsed_args& args) {
     auto conn = connect(dsn);
     const auto topics = with_installed_outbox(schema, [&] { return pg::outbox_status(*conn, schema); });
     if (args.flag("json")) {
-        auto out = nlohmann::json::array();
+        // One object per line, like `dead list --json`.
         for (const auto& t : topics) {
-            nlohmann::json j{{"topic", t.topic},         {"pending", t.pending},
-                             {"in_flight", t.in_flight}, {"retrying", t.retrying},
-                             {"oldest_seconds", t.oldest_seconds}, {"dead", t.dead}};
+            nlohmann::json j{{"topic", t.topic},
+                             {"pending", t.pending},
+                             {"waiting_on_key", t.waiting_on_key},
+                             {"scheduled", t.scheduled},
+                             {"in_flight", t.in_flight},
+                             {"retrying", t.retrying},
+                             {"dead", t.dead},
+                             {"oldest_pending_seconds", t.oldest_pending_seconds}};
             j["last_error"] = t.last_error ? nlohmann::json(*t.last_error) : nlohmann::json();
-            out.push_back(std::move(j));
+            std::cout << j.dump() << '\n';
         }
-        std::cout << out.dump() << '\n';
         return exit_ok;
     }
-    std::cout << fmt::format("{:<32} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "topic", "pending", "in_flight",
-                             "retrying", "oldest_age", "dead");
+    std::cout << fmt::format("{:<32} {:>9} {:>14} {:>9} {:>9} {:>9} {:>9} {:>14}\n", "topic", "pending",
+                             "waiting_on_key", "scheduled", "in_flight", "retrying", "dead", "oldest_pending");
     for (const auto& t : topics) {
-        std::cout << fmt::format("{:<32} {:>10} {:>10} {:>10} {:>11.1f}s {:>10}\n", t.topic, t.pending,
-                                 t.in_flight, t.retrying, t.oldest_seconds, t.dead);
+        std::cout << fmt::format("{:<32} {:>9} {:>14} {:>9} {:>9} {:>9} {:>9} {:>13.1f}s\n", t.topic, t.pending,
+                                 t.waiting_on_key, t.scheduled, t.in_flight, t.retrying, t.dead,
+                                 t.oldest_pending_seconds);
         if (t.last_error) std::cout << fmt::format("    last error: {}\n", *t.last_error);
     }
     return exit_ok;

@@ -80,9 +80,17 @@ std::vector<topic_status> outbox_status(pqxx::connection& conn, const std::strin
     pqxx::nontransaction tx(conn);
     std::vector<topic_status> out;
     for (const auto& row : tx.exec(q.sql("status"))) {
-        out.push_back({row[0].c_str(), row[1].as<std::int64_t>(), row[2].as<std::int64_t>(),
-                       row[3].as<std::int64_t>(), row[4].as<double>(), row[5].as<std::int64_t>(),
-                       row[6].is_null() ? std::nullopt : std::optional<std::string>(row[6].c_str())});
+        topic_status t;
+        t.topic = row["topic"].c_str();
+        t.pending = row["pending"].as<std::int64_t>();
+        t.waiting_on_key = row["waiting_on_key"].as<std::int64_t>();
+        t.scheduled = row["scheduled"].as<std::int64_t>();
+        t.in_flight = row["in_flight"].as<std::int64_t>();
+        t.retrying = row["retrying"].as<std::int64_t>();
+        t.dead = row["dead"].as<std::int64_t>();
+        t.oldest_pending_seconds = row["oldest_pending_seconds"].as<double>();
+        if (!row["last_error"].is_null()) t.last_error = row["last_error"].c_str();
+        out.push_back(std::move(t));
     }
     return out;
 }

@@ -405,32 +405,72 @@ WHERE died_at < now() - $1 * interval '1 millisecond'
   AND ($2::text IS NULL OR topic ~ $2);
 
 -- name: status
--- Per topic: what waits in the outbox and what died, with the latest error
--- (which says, for instance, that no route matches the topic). For
--- `outboxd status`.
-WITH live AS (
+-- Per topic, for `outboxd status`: the work in the outbox, each piece in
+-- exactly one state, and the dead letters. A piece of work is an event that
+-- is not fanned out, or one destination's delivery of a fanned-out event
+-- (the parked event row itself is not counted). States, first match wins:
+--   in_flight       leased by a relay (lease not expired)
+--   retrying        attempted before, waiting for its next attempt
+--   scheduled       never attempted, not due yet (a delayed event)
+--   waiting_on_key  never attempted, due, but an earlier event of its
+--                   ordering key goes first (at its destination, for a delivery)
+--   pending         never attempted and due now
+-- oldest_pending_seconds: how long the oldest work that is due now and not
+-- in flight has been due (since available_at, not since it was created).
+-- last_error: the newest error of the topic's waiting work (a delivery's as
+-- "destination: error"), e.g. that no route matches the topic.
+WITH work AS (
+    SELECT e.topic, e.id, e.ordering_key, NULL::text AS destination, e.attempts, e.available_at,
+           e.lease_owner IS NOT NULL AND e.available_at > now() AS in_flight, e.last_error
+    FROM :"schema".events e
+    WHERE NOT e.fanned_out
+    UNION ALL
+    SELECT e.topic, d.event_id, d.ordering_key, d.destination, d.attempts, d.available_at,
+           d.lease_owner IS NOT NULL AND d.available_at > now(), d.destination || ': ' || d.last_error
+    FROM :"schema".deliveries d JOIN :"schema".events e ON e.id = d.event_id
+), classified AS (
+    SELECT w.*,
+           CASE
+               WHEN w.in_flight THEN 'in_flight'
+               WHEN w.attempts > 0 THEN 'retrying'
+               WHEN w.available_at > now() THEN 'scheduled'
+               WHEN w.ordering_key IS NOT NULL AND (
+                   EXISTS (SELECT 1 FROM :"schema".events earlier
+                           WHERE earlier.ordering_key = w.ordering_key AND earlier.id < w.id
+                             AND NOT earlier.fanned_out)
+                   OR (w.destination IS NULL AND EXISTS (
+                           SELECT 1 FROM :"schema".deliveries waiting WHERE waiting.ordering_key = w.ordering_key))
+                   OR (w.destination IS NOT NULL AND EXISTS (
+                           SELECT 1 FROM :"schema".deliveries earlier
+                           WHERE earlier.ordering_key = w.ordering_key AND earlier.destination = w.destination
+                             AND earlier.event_id < w.id)))
+                   THEN 'waiting_on_key'
+               ELSE 'pending'
+           END AS state
+    FROM work w
+), live AS (
     SELECT topic,
-           count(*) AS pending,
-           count(*) FILTER (WHERE lease_owner IS NOT NULL) AS in_flight,
-           count(*) FILTER (WHERE fanned_out OR (lease_owner IS NULL AND attempts > 0)) AS retrying,
-           extract(epoch FROM now() - min(created_at)) AS oldest_seconds
-    FROM :"schema".events GROUP BY topic
+           count(*) FILTER (WHERE state = 'pending') AS pending,
+           count(*) FILTER (WHERE state = 'waiting_on_key') AS waiting_on_key,
+           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'in_flight') AS in_flight,
+           count(*) FILTER (WHERE state = 'retrying') AS retrying,
+           extract(epoch FROM now() - min(available_at) FILTER (
+               WHERE state <> 'in_flight' AND available_at <= now())) AS oldest_pending_seconds
+    FROM classified GROUP BY topic
 ), errors AS (
     SELECT DISTINCT ON (topic) topic, last_error
-    FROM (
-        SELECT e.topic, e.id, e.last_error FROM :"schema".events e
-        WHERE e.last_error IS NOT NULL AND NOT e.fanned_out
-        UNION ALL
-        SELECT e.topic, e.id, d.destination || ': ' || d.last_error
-        FROM :"schema".deliveries d JOIN :"schema".events e ON e.id = d.event_id
-        WHERE d.last_error IS NOT NULL
-    ) failing
+    FROM classified
+    WHERE last_error IS NOT NULL
     ORDER BY topic, id DESC
 ), dead AS (
     SELECT topic, count(*) AS dead FROM :"schema".dead_letters GROUP BY topic
 )
-SELECT coalesce(live.topic, dead.topic), coalesce(pending, 0), coalesce(in_flight, 0),
-       coalesce(retrying, 0), coalesce(oldest_seconds, 0)::float8, coalesce(dead, 0), errors.last_error
+SELECT coalesce(live.topic, dead.topic) AS topic,
+       coalesce(pending, 0) AS pending, coalesce(waiting_on_key, 0) AS waiting_on_key,
+       coalesce(scheduled, 0) AS scheduled, coalesce(in_flight, 0) AS in_flight,
+       coalesce(retrying, 0) AS retrying, coalesce(dead, 0) AS dead,
+       coalesce(oldest_pending_seconds, 0)::float8 AS oldest_pending_seconds, errors.last_error
 FROM live FULL JOIN dead ON dead.topic = live.topic
 LEFT JOIN errors ON errors.topic = live.topic
 ORDER BY 1;

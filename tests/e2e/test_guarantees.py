@@ -611,17 +611,15 @@ def test_status_json_shows_the_pending_backlog_per_topic(db, outboxd, database_u
     r = outboxd("--database-url", database_url, "--schema", db.schema, "status", "--json")
     assert r.rc == EXIT_OK, r
     text = r.stdout.strip()
-    try:
-        doc = json.loads(text)
-        rows = doc if isinstance(doc, list) else doc.get("topics", [doc])
-    except json.JSONDecodeError:
-        rows = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    rows = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
     by_topic = {row["topic"]: row for row in rows}
     assert by_topic.keys() == {"a", "b"}, text
-    assert by_topic["a"]["pending"] == 5 and by_topic["b"]["pending"] == 2, text
+    assert by_topic["a"]["pending"] == 5 and by_topic["a"]["waiting_on_key"] == 0, text
+    # b's second event waits behind its first (one key).
+    assert by_topic["b"]["pending"] == 1 and by_topic["b"]["waiting_on_key"] == 1, text
     for row in by_topic.values():
         assert row["in_flight"] == 0 and row["retrying"] == 0 and row["dead"] == 0, row
-        assert row["oldest_seconds"] >= 0, row
+        assert row["oldest_pending_seconds"] >= 0, row
 
 
 # --------------------------------------------------------------------------
