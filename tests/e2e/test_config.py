@@ -11,7 +11,7 @@ import tomllib
 
 import pytest
 
-from helpers import wait_delivered
+from helpers import wait_delivered, wait_until
 from receiver import Receiver
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -171,3 +171,41 @@ def test_a_configured_relay_delivers(db, relay, tmp_path):
         event_id = db.enqueue("anything.at.all", {"n": 1})
         assert wait_delivered(rx, [event_id], 10)
         assert db.wait_empty(timeout=5)
+
+
+def test_a_token_in_a_destination_url_is_never_logged_or_printed(outboxd, db, relay, tmp_path):
+    """Webhook URLs often carry a credential in the query string
+    (?token=...): the logs and check-config show the path only."""
+    token = "s3cr3t-" + os.urandom(6).hex()
+    with Receiver(lambda req: (500, {}, b"no")) as rx:
+        url = f"{rx.url}?token={token}&tenant=acme"
+        r = relay(url, "--retry-base", "50ms", "--retry-cap", "100ms", "--max-attempts", "2",
+                  "--sweep-interval", "1h")
+        db.enqueue("t", {"n": 1})
+        assert rx.wait_for(2, timeout=10)
+        assert wait_until(lambda: db.count_dead_letters() == 1, 10)
+        r.stop()
+        assert [req.path for req in rx.snapshot()][0].endswith(f"token={token}&tenant=acme"), \
+            "the receiver must still get the whole URL"
+        log = r.log()
+        assert "relay started" in log and "?<redacted>" in log, log
+        assert token not in log, log
+        dead = db.dead_letters()
+        assert token not in (dead[0]["last_error"] or ""), dead
+
+        path = config_file(tmp_path, f'[destinations.hook]\nurl = "{url}"\n\n'
+                                     '[[routes]]\ntopics = [">"]\ndestinations = ["hook"]\n')
+        check = outboxd("check-config", "--config", path, "--database-url", db.url)
+        assert check.rc == 0, check
+        assert token not in check.output and "?<redacted>" in check.output, check
+
+
+def test_signing_secrets_written_in_the_file_are_warned_about(outboxd, db, tmp_path):
+    secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+    path = config_file(tmp_path, f'[destinations.hook]\nurl = "http://127.0.0.1:9/x"\n'
+                                 f'signing_secrets = ["{secret}"]\n\n'
+                                 '[[routes]]\ntopics = [">"]\ndestinations = ["hook"]\n')
+    check = outboxd("check-config", "--config", path, "--database-url", db.url)
+    assert check.rc == 0, check
+    assert "signing_secrets_env" in check.stderr and "hook" in check.stderr, check.stderr
+    assert secret not in check.output
