@@ -341,9 +341,20 @@ std::string make_lease_owner() {
     return fmt::format("{}:{}:{:06x}", host, getpid(), rd() & 0xFFFFFF);
 }
 
+// Secrets belong in the environment (signing_secrets_env), not in a file
+// that is copied, committed and read by everyone who can read the config.
+void warn_about_secrets_in_file(const config& c) {
+    for (const auto& d : c.destinations) {
+        if (d.signing_secrets_in_file.empty()) continue;
+        log::warn("signing secrets are written in the configuration file; prefer signing_secrets_env",
+                  {{"destination", d.name}, {"at", d.signing_secrets_in_file}});
+    }
+}
+
 int cmd_run(const parsed_args& args) {
     relay_options o;
     o.settings = load_config(args, /*destinations_required=*/true);
+    warn_about_secrets_in_file(o.settings);
     o.dsn = effective_dsn(o.settings);
     o.lease_owner = make_lease_owner();
     return run_relay(o);
@@ -352,7 +363,9 @@ int cmd_run(const parsed_args& args) {
 // Validates everything `run` would, and prints the effective configuration
 // with every secret redacted. Touches no database and no endpoint.
 int cmd_check_config(const parsed_args& args) {
-    std::cout << render_config(load_config(args, /*destinations_required=*/true));
+    const auto c = load_config(args, /*destinations_required=*/true);
+    warn_about_secrets_in_file(c);
+    std::cout << render_config(c);
     return exit_ok;
 }
 

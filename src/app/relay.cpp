@@ -244,7 +244,7 @@ private:
 
     static std::string describe(const destination_config& d) {
         if (d.kind == transport::stdout_lines) return "stdout";
-        return fmt::format("{}://{}{}", d.url.scheme, d.url.host_header, d.url.target);
+        return loggable_url(d.url);
     }
 
     void check_schema(std::optional<int> version) {

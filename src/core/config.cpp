@@ -811,6 +811,10 @@ destination_config to_config(pending_destination d) {
     out.tls.verify = s.tls_verify.value;
     out.tls.ca_file = std::move(s.ca_file.value);
     out.signing_secrets = std::move(s.signing_secrets.value);
+    if (const auto& from = s.signing_secrets.from;
+        !out.signing_secrets.empty() && from.k == origin::kind::file && !from.key.ends_with("_env")) {
+        out.signing_secrets_in_file = from.prefix();
+    }
     return out;
 }
 
@@ -954,7 +958,7 @@ std::string array_value(const Range& items, F&& item) {
     return out;
 }
 
-std::string url_text(const endpoint_url& u) { return fmt::format("{}://{}{}", u.scheme, u.host_header, u.target); }
+std::string url_text(const endpoint_url& u) { return loggable_url(u); }
 
 }  // namespace
 

@@ -44,6 +44,10 @@ struct destination_config {
     std::size_t max_concurrency = 32;     // requests in flight to this destination at most
     tls_settings tls;
     std::vector<signing_secret> signing_secrets;  // empty: not signed
+    // Where the file spells the signing secrets out ("outboxd.toml:12:1:
+    // destinations.x.signing_secrets"), for a warning; empty when they come
+    // from the environment (or there are none).
+    std::string signing_secrets_in_file;
     // all transports:
     retry_policy retry;
 };

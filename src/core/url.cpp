@@ -28,6 +28,8 @@
 #include <string>
 #include <string_view>
 
+#include <fmt/format.h>
+
 namespace outboxd {
 namespace {
 
@@ -257,6 +259,12 @@ endpoint_url parse_endpoint_url(std::string_view url) {
         out.host_header += out.port;
     }
     return out;
+}
+
+std::string loggable_url(const endpoint_url& url) {
+    const auto query = url.target.find('?');
+    return fmt::format("{}://{}{}{}", url.scheme, url.host_header, std::string_view(url.target).substr(0, query),
+                       query == std::string::npos ? "" : "?<redacted>");
 }
 
 }  // namespace outboxd

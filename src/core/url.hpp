@@ -21,4 +21,8 @@ struct endpoint_url {
 // The message never repeats userinfo, which may hold credentials.
 [[nodiscard]] endpoint_url parse_endpoint_url(std::string_view url);
 
+// The URL for logs and printed configuration: a query string often carries a
+// credential (?token=...), so it is shown as "?<redacted>".
+[[nodiscard]] std::string loggable_url(const endpoint_url& url);
+
 }  // namespace outboxd

@@ -976,11 +976,14 @@ destinations = ["log"]
     CHECK(text.find("postgresql://outboxd:***@db/app") != std::string::npos);
     CHECK(text.find("signing_secrets = [\"<redacted>\", \"<redacted>\"]") != std::string::npos);
     CHECK(text.find("headers = { Authorization = \"<redacted>\", \"X-Odd!\" = \"<redacted>\" }") != std::string::npos);
+    // A query string may hold a token: redacted like the other secrets.
+    CHECK(text.find("url = \"https://orders.example.com/hook?<redacted>\"") != std::string::npos);
 
     // Re-parse it with the secrets supplied again: the same configuration.
     auto again_text = text;
     replace_all(again_text, "signing_secrets = [\"<redacted>\", \"<redacted>\"]",
                 "signing_secrets_env = \"SECRETS\"");
+    replace_all(again_text, "/hook?<redacted>", "/hook?a=1");
     fake again;
     again.file = again_text;
     again.env["SECRETS"] = std::string(secret_a) + " " + std::string(secret_b);
