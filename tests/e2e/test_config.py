@@ -209,3 +209,23 @@ def test_signing_secrets_written_in_the_file_are_warned_about(outboxd, db, tmp_p
     assert check.rc == 0, check
     assert "signing_secrets_env" in check.stderr and "hook" in check.stderr, check.stderr
     assert secret not in check.output
+
+
+def test_database_commands_do_not_need_the_delivery_secrets(outboxd, database_url, tmp_path):
+    """Operators and migration jobs run status, dead and migrate with the
+    relay's configuration file but without its signing secrets."""
+    schema = "cfg_" + os.urandom(4).hex()
+    path = config_file(tmp_path, f'[database]\nurl = "{database_url}"\nschema = "{schema}"\n\n'
+                                 '[destinations.hook]\nurl = "http://127.0.0.1:9/x"\n'
+                                 'signing_secrets_env = "HOOK_SECRETS_NOT_SET_HERE"\n\n'
+                                 '[[routes]]\ntopics = [">"]\ndestinations = ["hook"]\n')
+    try:
+        for args in (["migrate"], ["status"], ["dead", "list"], ["enqueue", "--topic", "t", "--payload", "{}"]):
+            r = outboxd(*args, "--config", path)
+            assert r.rc == 0, r
+        run = outboxd("check-config", "--config", path)
+        assert run.rc == 2 and "HOOK_SECRETS_NOT_SET_HERE" in run.stderr, run
+    finally:
+        import psycopg2
+        with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
+            cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
