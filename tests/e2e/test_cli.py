@@ -339,3 +339,25 @@ def test_sql_takes_the_schema_from_the_configuration_like_migrate(outboxd, tmp_p
     r = outboxd("--config", cfg, "sql")
     assert r.rc == EXIT_USAGE and r.stdout == "", r
     assert "database.schema" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- messages
+def test_command_line_errors_are_plain_lines_not_log_records(outboxd, database_url):
+    r = outboxd("--database-url", database_url, "status", "--bogus")
+    assert r.rc == EXIT_USAGE, r
+    assert r.stderr == "outboxd: unknown option --bogus (see `outboxd --help`)\n", r
+
+
+def test_an_empty_topic_is_refused_with_the_rule_not_the_sql(outboxd, database_url, db):
+    r = outboxd("--database-url", database_url, "--schema", db.schema, "enqueue", "--topic", "", "--payload", "{}")
+    assert r.rc == EXIT_INVALID_INPUT, r
+    assert r.stderr == ("outboxd: event refused: outbox event topic must be 1 to 255 bytes without control "
+                        "characters\n"), r
+    assert db.count_events() == 0
+
+
+def test_a_connection_error_is_one_readable_line(outboxd):
+    r = outboxd("--database-url", f"postgresql://u:pw-secret@127.0.0.1:{closed_port()}/x", "status")
+    assert r.rc == EXIT_DB_UNAVAILABLE, r
+    assert r.stderr.count("\n") == 1 and "\\n" not in r.stderr and "\\t" not in r.stderr, r
+    assert "Connection refused" in r.stderr and "pw-secret" not in r.stderr, r

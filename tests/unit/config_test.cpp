@@ -1043,3 +1043,38 @@ TEST_CASE("config: render_config of the --url shortcut re-parses as a file") {
     CHECK(c.destinations.at(0).url.port == "8080");
     CHECK(c.routes.at(0).topics == std::vector<std::string>{">"});
 }
+
+TEST_CASE("config: an unknown key names the key it was probably meant to be") {
+    const std::vector<std::pair<std::string, std::string>> cases{
+        // a typo of a key of the same table
+        {"[relay]\nconcurency = 4\n", "t.toml:2:1: unknown key relay.concurency; did you mean relay.concurrency?"},
+        {"[defaults.retry]\nmax_attempt = 4\n",
+         "t.toml:2:1: unknown key defaults.retry.max_attempt; did you mean defaults.retry.max_attempts?"},
+        // a key of another table
+        {"[relay]\nmax_attempts = 3\n",
+         "t.toml:2:1: unknown key relay.max_attempts; did you mean defaults.retry.max_attempts (or "
+         "destinations.NAME.retry.max_attempts)?"},
+        {"[defaults]\nlease = \"10s\"\n", "t.toml:2:1: unknown key defaults.lease; did you mean relay.lease?"},
+    };
+    for (const auto& [file, message] : cases) {
+        CAPTURE(file);
+        CHECK(error_of(file_only(file)) == message);
+    }
+    // Nothing close: no guess.
+    CHECK(error_of(file_only("[relay]\nwhatever = 1\n")) == "t.toml:2:1: unknown key relay.whatever");
+}
+
+TEST_CASE("config: a database URL of the wrong shape says what shape is expected, and never echoes it") {
+    fake f;
+    f.flags["database-url"] = {"http://user:pw1234@x/db"};
+    f.flags["url"] = {"stdout"};
+    f.database_url_error = [](const std::string&) -> std::optional<std::string> { return "libpq says no"; };
+    const auto error = error_of(f);
+    CHECK(error ==
+          "--database-url: expected a PostgreSQL URL (postgresql://user@host:5432/dbname) or key=value settings "
+          "(host=... dbname=...), got a URL of scheme \"http\"");
+    f.flags["database-url"] = {"localhost"};
+    CHECK(error_of(f) ==
+          "--database-url: expected a PostgreSQL URL (postgresql://user@host:5432/dbname) or key=value settings "
+          "(host=... dbname=...), got neither (not shown: it may hold a password)");
+}
