@@ -28,6 +28,7 @@
 #include "core/migration_set.hpp"
 #include "core/signing.hpp"
 #include "core/sql_ident.hpp"
+#include "core/text.hpp"
 #include "core/topic_pattern.hpp"
 #include "pg/conninfo.hpp"
 #include "pg/dead_letters.hpp"
@@ -136,6 +137,16 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
     }
 }
 
+// The server's primary message of an error: its first line without the
+// "ERROR:  " severity, not the CONTEXT lines that quote whole statements.
+std::string primary_message(std::string_view what) {
+    auto line = what.substr(0, what.find('\n'));
+    for (const std::string_view severity : {"ERROR:  ", "FATAL:  "}) {
+        if (line.starts_with(severity)) line.remove_prefix(severity.size());
+    }
+    return one_line(line);
+}
+
 // ---- commands -------------------------------------------------------------
 
 int cmd_sql(const parsed_args& args) {
@@ -227,7 +238,7 @@ int cmd_enqueue(const parsed_args& args) {
         // Class 22 (data exception) and 23 (integrity constraint): bad input.
         const auto& state = err.sqlstate();
         if (state.starts_with("22") || state.starts_with("23")) {
-            throw fatal_error(exit_invalid_input, fmt::format("event refused: {}", err.what()));
+            throw fatal_error(exit_invalid_input, fmt::format("event refused: {}", primary_message(err.what())));
         }
         throw;
     }
@@ -392,17 +403,26 @@ int dispatch(const parsed_args& args) {
 
 }  // namespace
 
+// Why the process could not do what it was asked, as a plain line on
+// stderr (a person reads it; the running relay's records are logfmt).
+void report(std::string_view message) noexcept {
+    try {
+        std::cerr << "outboxd: " << one_line(message) << '\n' << std::flush;
+    } catch (...) {  // nothing left to tell anyone with
+    }
+}
+
 int run_main(int argc, const char* const* argv) noexcept {
     try {
         return dispatch(parse_args(argc, argv));
     } catch (const fatal_error& e) {
-        log::error(e.what(), {{"exit_code", fmt::format("{}", e.code)}});
+        report(e.what());
         return e.code;
     } catch (const std::exception& e) {
-        log::error("unexpected error", {{"error", e.what()}});
+        report(fmt::format("unexpected error (a bug: please report it): {}", e.what()));
         return exit_internal;
     } catch (...) {
-        log::error("unexpected error");
+        report("unexpected error (a bug: please report it)");
         return exit_internal;
     }
 }

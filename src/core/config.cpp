@@ -11,6 +11,8 @@
 #include "core/config.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cctype>
 #include <charconv>
 #include <cstdint>
 #include <initializer_list>
@@ -285,6 +287,61 @@ bool before(const toml::source_position& a, const toml::source_position& b) {
     return a.line != b.line ? a.line < b.line : a.column < b.column;
 }
 
+// Edit distance (insertions, deletions, substitutions), for suggestions.
+std::size_t distance(std::string_view a, std::string_view b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+        std::size_t diagonal = row[0];
+        row[0] = i;
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+            const auto above = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diagonal = above;
+        }
+    }
+    return row[b.size()];
+}
+
+// Where keys live that people put in the wrong table.
+constexpr std::array<std::pair<std::string_view, std::string_view>, 17> homes{{
+    {"concurrency", "relay.concurrency"},
+    {"lease", "relay.lease"},
+    {"sweep_interval", "relay.sweep_interval"},
+    {"shutdown_timeout", "relay.shutdown_timeout"},
+    {"log_level", "relay.log_level"},
+    {"idempotency_retention", "relay.idempotency_retention"},
+    {"schema", "database.schema"},
+    {"block_private_addresses", "egress.block_private_addresses"},
+    {"connect_timeout", "defaults.connect_timeout (or destinations.NAME.connect_timeout)"},
+    {"request_timeout", "defaults.request_timeout (or destinations.NAME.request_timeout)"},
+    {"max_concurrency", "defaults.max_concurrency (or destinations.NAME.max_concurrency)"},
+    {"base", "defaults.retry.base (or destinations.NAME.retry.base)"},
+    {"cap", "defaults.retry.cap (or destinations.NAME.retry.cap)"},
+    {"max_attempts", "defaults.retry.max_attempts (or destinations.NAME.retry.max_attempts)"},
+    {"permanent_statuses", "defaults.retry.permanent_statuses (or destinations.NAME.retry.permanent_statuses)"},
+    {"throttle_statuses", "defaults.retry.throttle_statuses (or destinations.NAME.retry.throttle_statuses)"},
+    {"ca_file", "defaults.tls.ca_file (or destinations.NAME.tls.ca_file)"},
+}};
+
+// "; did you mean relay.concurrency?" for an unknown key: a close spelling
+// of a key of the same table, or the table where that key lives.
+std::string suggestion(std::string_view path, std::string_view key, std::initializer_list<std::string_view> allowed) {
+    std::string_view best;
+    std::size_t best_distance = std::max<std::size_t>(1, key.size() / 4) + 1;
+    for (const auto candidate : allowed) {
+        if (const auto d = distance(key, candidate); d < best_distance) {
+            best = candidate;
+            best_distance = d;
+        }
+    }
+    if (!best.empty()) return fmt::format("; did you mean {}?", child(path, best));
+    for (const auto& [name, home] : homes) {
+        if (name == key) return fmt::format("; did you mean {}?", home);
+    }
+    return {};
+}
+
 // The table's entries in file order (toml++ keeps them sorted by key), after
 // refusing any key not in `allowed` (the typo guard). An empty `allowed`
 // accepts every key (header names, destination names).
@@ -299,7 +356,7 @@ std::vector<entry> entries(const file_reader& f, const toml::table& t, std::stri
         const auto key = k->str();
         auto o = f.at(k->source(), child(path, key));
         if (allowed.size() != 0 && std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-            throw config_error(fmt::format("{}: unknown key {}", o.location, o.key));
+            throw config_error(fmt::format("{}: unknown key {}{}", o.location, o.key, suggestion(path, key, allowed)));
         }
         out.push_back({key, v, std::move(o)});
     }
@@ -824,6 +881,32 @@ destination_config to_config(pending_destination d) {
 
 }  // namespace
 
+namespace {
+
+// What is wrong with a database URL libpq refused. A string that is neither
+// a PostgreSQL URL nor key=value settings (a web URL, a bare host name) gets
+// the shape that was expected; only its scheme is shown, since the rest may
+// hold a password.
+std::string database_url_complaint(const std::string& url, const std::string& libpq_error) {
+    constexpr std::string_view expected =
+        "expected a PostgreSQL URL (postgresql://user@host:5432/dbname) or key=value settings (host=... dbname=...)";
+    if (is_uri_dsn(url)) return fmt::format("invalid database URL ({}): {}", redact_dsn(url), libpq_error);
+    if (const auto scheme_end = url.find("://"); scheme_end != std::string::npos) {
+        const auto scheme = std::string_view(url).substr(0, scheme_end);
+        if (!scheme.empty() && std::all_of(scheme.begin(), scheme.end(), [](char c) {
+                return std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.';
+            })) {
+            return fmt::format("{}, got a URL of scheme \"{}\"", expected, scheme);
+        }
+    }
+    if (url.find('=') == std::string::npos) {
+        return fmt::format("{}, got neither (not shown: it may hold a password)", expected);
+    }
+    return fmt::format("invalid database URL ({}): {}", redact_dsn(url), libpq_error);
+}
+
+}  // namespace
+
 config resolve_config(const config_sources& sources) {
     const inputs in(sources);
     const file_reader f(sources.file_name.empty() ? std::string("config") : sources.file_name);
@@ -916,8 +999,7 @@ config resolve_config(const config_sources& sources) {
     }
     if (sources.database_url_error && !top.database_url.value.empty()) {
         if (const auto error = sources.database_url_error(top.database_url.value)) {
-            fail(top.database_url.from,
-                 fmt::format("invalid database URL ({}): {}", redact_dsn(top.database_url.value), *error));
+            fail(top.database_url.from, database_url_complaint(top.database_url.value, *error));
         }
     }
     for (const auto& d : destinations) check_destination(d, top);

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "core/text.hpp"
+
 namespace outboxd {
 namespace {
 
@@ -185,7 +187,7 @@ std::string redact_dsn(std::string_view dsn) {
 }
 
 std::string scrub_secrets(std::string_view message, std::string_view dsn) {
-    std::string out(message);
+    std::string out = one_line(message);
     if (dsn.empty()) return out;
     // The whole connection string first (keeps the message readable) ...
     replace_all(out, dsn, redact_dsn(dsn));

@@ -12,7 +12,8 @@ namespace outboxd {
 [[nodiscard]] std::string redact_dsn(std::string_view dsn);
 
 // Removes "password=..." style fragments from a message that libpq or the
-// server produced while it may have quoted the connection string.
+// server produced while it may have quoted the connection string, and puts
+// it on one line (libpq's messages span several).
 [[nodiscard]] std::string scrub_secrets(std::string_view message, std::string_view dsn);
 
 // Adds a setting unless the connection string already has it:

@@ -50,4 +50,27 @@ std::string sanitize_text(std::string_view s, std::size_t max_bytes) {
     return out;
 }
 
+std::string one_line(std::string_view s) {
+    constexpr std::string_view blank = " \t\r\n";
+    const auto first = s.find_first_not_of(blank);
+    if (first == std::string_view::npos) return {};
+    s = s.substr(first, s.find_last_not_of(blank) - first + 1);
+    std::string out;
+    out.reserve(s.size());
+    for (std::size_t i = 0; i < s.size();) {
+        if (blank.find(s[i]) == std::string_view::npos) {
+            out.push_back(s[i++]);
+            continue;
+        }
+        const auto run = s.substr(i, s.find_first_not_of(blank, i) - i);  // never reaches the end (trimmed)
+        if (run.find_first_of("\r\n") == std::string_view::npos) {
+            out += run;
+        } else {
+            out.push_back(' ');
+        }
+        i += run.size();
+    }
+    return out;
+}
+
 }  // namespace outboxd

@@ -16,4 +16,9 @@ namespace outboxd {
 // delivery from being recorded at all.
 [[nodiscard]] std::string sanitize_text(std::string_view s, std::size_t max_bytes);
 
+// A multi-line message (libpq's "...failed: Connection refused\n\tIs the
+// server running...") as one line: every run of whitespace that holds a
+// line break becomes one space; leading and trailing whitespace goes.
+[[nodiscard]] std::string one_line(std::string_view s);
+
 }  // namespace outboxd

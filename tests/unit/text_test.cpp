@@ -171,3 +171,13 @@ TEST_CASE("text: the output is always valid UTF-8 without NUL, within the limit"
         if (is_valid_utf8(s) && s.find('\0') == std::string::npos && s.size() <= max_bytes) CHECK(out == s);
     }
 }
+
+TEST_CASE("one_line: libpq's multi-line messages on one line") {
+    CHECK(outboxd::one_line("connection to server at \"h\" failed: Connection refused\n\tIs the server running?\n") ==
+          "connection to server at \"h\" failed: Connection refused Is the server running?");
+    CHECK(outboxd::one_line("a  \n\n  b") == "a b");
+    CHECK(outboxd::one_line("a\r\nb") == "a b");
+    CHECK(outboxd::one_line("  tabs\tand  spaces stay  ") == "tabs\tand  spaces stay");
+    CHECK(outboxd::one_line("\n") == "");
+    CHECK(outboxd::one_line("") == "");
+}
