@@ -126,14 +126,21 @@ public:
     // 7.5 s in claims without it. The session also turns off seq scans,
     // bitmap scans and sorts (plan_once_settings()), so a plan made while the
     // outbox is empty or small still reads its index in claim order.
+    // statement_timeout (0: none): the session's statement_timeout and
+    // idle_in_transaction_session_timeout, and every call is given up (its
+    // connection cut, see stall_watchdog.hpp) when not answered within it
+    // plus answer_margin: the server never sees a query sent into a network
+    // partition, so only our own deadline ends the wait.
     store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session = false,
-          bool plan_once = false);
+          bool plan_once = false, std::chrono::milliseconds statement_timeout = std::chrono::milliseconds(0));
+    // Time for the server's own cancellation to come back before we cut.
+    static constexpr std::chrono::milliseconds answer_margin{2'000};
     ~store();
     store(const store&) = delete;
     store& operator=(const store&) = delete;
 
     // Connects now (otherwise the first call does). Throws on failure.
-    void connect();
+    void connect();  // gives up like a call does when the new session does not answer
     [[nodiscard]] bool connected() const noexcept;
     void disconnect() noexcept;
 
@@ -184,6 +191,7 @@ public:
 
 private:
     pqxx::connection& conn();
+    void set_up(pqxx::connection& c);  // session settings and prepared statements
     [[nodiscard]] std::string sized(std::string_view query, std::size_t size) const;
     template <typename F> auto guarded(F&& f);
 
@@ -192,6 +200,7 @@ private:
     std::string owner_;
     bool relay_session_;
     bool plan_once_;
+    std::chrono::milliseconds statement_timeout_;
     query_book queries_;
     std::unique_ptr<pqxx::connection> conn_;
 };
