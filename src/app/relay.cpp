@@ -166,7 +166,8 @@ public:
                          cfg_.db_statement_timeout),
           outcome_worker_(outcome_store_),
           listener_(ioc_, worker_.executor(), o.dsn, notify_channel(cfg_.schema),
-                    {[this] { wake(); }, [this] { wake(); }, [](const std::string&) {}}, cfg_.db_keepalive_timeout),
+                    {[this] { wake(); }, [this] { wake(); }, [this](const std::string&) { reconnect_stores(); }},
+                    cfg_.db_keepalive_timeout),
           dispatch_(cfg_.concurrency),
           signals_(ioc_, SIGINT, SIGTERM),
           sweep_timer_(ioc_),
@@ -270,6 +271,15 @@ private:
                                           version ? fmt::format("at migration {} of {}", *version, plan.binary_version)
                                                   : std::string("not installed")));
         }
+    }
+
+    // The LISTEN connection died: the database restarted, failed over or
+    // went out of reach, and the other two connections are most likely dead
+    // too. Their next call starts on a new connection instead of waiting out
+    // its deadline on the old one (a call running now still does).
+    void reconnect_stores() {
+        worker_.submit([](pg::store& s) { s.disconnect(); });
+        outcome_worker_.submit([](pg::store& s) { s.disconnect(); });
     }
 
     // ---- claiming ------------------------------------------------------
