@@ -99,9 +99,9 @@ store::~store() = default;
 void store::connect() {
     conn_.reset();
     auto c = std::make_unique<pqxx::connection>(dsn_);  // bounded by connect_timeout
-    // A lost connection is dropped and made anew by conn(); libpqxx must not
-    // reconnect by itself in the middle of a call (a transaction's rollback
-    // after the connection died would otherwise block on a fresh connect).
+    // A lost connection is dropped and made anew by conn(); libpqxx 6 must
+    // not reconnect by itself inside a later statement of the same call (a
+    // rollback, say), where our deadline watches the old socket, not the new.
     c->inhibit_reactivation(true);
     with_deadline(*c, call_limit(statement_timeout_), [&](pqxx::connection& cc) { set_up(cc); });
     conn_ = std::move(c);

@@ -140,7 +140,8 @@ public:
     store& operator=(const store&) = delete;
 
     // Connects now (otherwise the first call does). Throws on failure.
-    void connect();  // gives up like a call does when the new session does not answer
+    // The new session's setup is given up like a call when it is not answered.
+    void connect();
     [[nodiscard]] bool connected() const noexcept;
     void disconnect() noexcept;
 
