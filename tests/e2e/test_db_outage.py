@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import re
 import select
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
@@ -256,3 +258,39 @@ def test_second_sigterm_exits_at_once_while_a_database_call_hangs(db, proxy, rel
             r.kill()
         assert rc == EXIT_FORCED, f"exit {rc} {took:.1f}s after the second SIGTERM\n{r.log()}"
         assert db.event(event_id) is not None, "the event whose outcome was never recorded vanished"
+
+
+def _relay_connections(pid: int, port: int) -> list:
+    """The relay's established TCP connections to ``port``, as ``ss -o`` shows them."""
+    out = subprocess.run(["ss", "-tnpoH", "state", "established", f"( dport = :{port} )"],
+                         capture_output=True, text=True, timeout=10).stdout
+    return [line for line in out.splitlines() if f"pid={pid}," in line]
+
+
+def _keepalive_seconds(ss_line: str):
+    """Seconds until the next keepalive probe (ss prints 119min, 1.984ms for
+    1 s 984 ms, 12sec, 984ms); None without a keepalive timer."""
+    m = re.search(r"timer:\(keepalive,(?:(\d+)min)?(?:(\d+)(?:\.|sec))?(?:(\d+)ms)?,", ss_line)
+    if not m:
+        return None
+    minutes, secs, msecs = (int(g) if g else 0 for g in m.groups())
+    return minutes * 60 + secs + msecs / 1000
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_every_relay_connection_to_the_database_probes_a_silent_peer_within_the_keepalive_timeout(
+        db, receiver, relay, database_url):
+    """What the proxy cannot show: the kernel side. libpq turns TCP keepalive
+    on by default, but with the system's timing (first probe after 2 hours).
+    Each of the relay's connections (claims, outcomes, LISTEN) must probe
+    after half of database.keepalive_timeout (here 4s: after 2s idle), so on
+    a real partition the kernel fails an idle connection in seconds."""
+    port = urlsplit(database_url).port or 5432
+    r = relay(receiver, "--sweep-interval", "1h", env={"OUTBOXD_DATABASE_KEEPALIVE_TIMEOUT": "4s"})
+    probe = db.enqueue("probe", {})
+    assert wait_delivered(receiver, [probe], timeout=10), r.log()
+    conns = wait_until(lambda: (lambda c: c if len(c) >= 3 else None)(_relay_connections(r.pid, port)),
+                       timeout=10)
+    assert conns, f"expected 3 connections of pid {r.pid} to port {port}: {_relay_connections(r.pid, port)}"
+    slow = [c for c in conns if (_keepalive_seconds(c) or 1e9) > 2.0]
+    assert not slow, "connections whose first keepalive probe is more than 2s away:\n" + "\n".join(slow)
