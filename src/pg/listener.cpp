@@ -121,6 +121,7 @@ void listener::ping() {
 }
 
 void listener::on_readable(const boost::system::error_code& ec) {
+    // During a ping the connection belongs to the ping; it re-arms.
     if (ec == net::error::operation_aborted || stopped_ || pinging_) return;
     if (ec) {
         lose(ec.message());

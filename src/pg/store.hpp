@@ -4,8 +4,8 @@
 // transaction is ever held open across a delivery. Blocking (libpqxx):
 // call from a thread that may block. Not thread-safe.
 //
-// Errors: pqxx::broken_connection when the connection is lost (the store
-// drops it and reconnects on the next call); pqxx::sql_error and others for
+// Errors: pqxx::broken_connection when the connection is lost or a call
+// outlived its deadline (the store drops it and reconnects on the next call); pqxx::sql_error and others for
 // the rest. Both are safe to retry: every statement is fenced by lease owner
 // and attempt, so repeating one changes nothing twice.
 
