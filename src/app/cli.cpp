@@ -17,9 +17,12 @@ struct option_spec {
     bool takes_value = true;
 };
 
-constexpr std::array<option_spec, 33> known_options{{
+constexpr std::array<option_spec, 36> known_options{{
     {"config", ""},
     {"database-url", ""},
+    {"database-connect-timeout", ""},
+    {"database-keepalive-timeout", ""},
+    {"database-statement-timeout", "run check-config"},
     {"schema", ""},
     {"log-level", ""},
     {"topic", "enqueue dead"},
@@ -171,6 +174,9 @@ Global options (also as environment variables):
   --config FILE        OUTBOXD_CONFIG     TOML configuration (see README "Configuration");
                                           environment variables and flags override it
   --database-url URL   DATABASE_URL       libpq URI or key=value string
+  --database-connect-timeout DURATION     OUTBOXD_DATABASE_CONNECT_TIMEOUT, default 10s (>= 2s)
+  --database-keepalive-timeout DURATION   OUTBOXD_DATABASE_KEEPALIVE_TIMEOUT: a silent database
+                                          is given up after this, default 10s (>= 1s)
   --schema NAME        OUTBOXD_SCHEMA     default: outbox
   --log-level LEVEL    OUTBOXD_LOG_LEVEL  debug|info|warn|error, default: info
   --help, --version
@@ -189,6 +195,8 @@ each also as OUTBOXD_<NAME>, e.g. OUTBOXD_CONCURRENCY):
   --retry-cap DURATION      longest retry delay, default 6h
   --max-attempts N          attempts before dead letters, default 20
   --shutdown-timeout DURATION  wait for in-flight deliveries on SIGTERM, default 10s
+  --database-statement-timeout DURATION  the relay's statements, default 5s (0s: none); one
+                            not answered within this plus 2s is given up and reconnected
   --idempotency-retention DURATION  forget idempotency keys after this, default 168h (0s: never)
   --permanent-statuses LIST dead-letter at once on these, default 410
   --throttle-statuses LIST  honour Retry-After on these, default 429,502,503,504

@@ -112,10 +112,10 @@ config load_config(const parsed_args& args, bool destinations_required, bool dat
 }
 
 // The connection string outboxd uses: the configured one, naming itself in
-// pg_stat_activity and bounding connection attempts, so a black-holed host
-// is reported instead of hanging.
+// pg_stat_activity, bounding connection attempts (a black-holed host is
+// reported instead of hanging) and giving up on a silent database in seconds.
 std::string effective_dsn(const config& c) {
-    return with_default(with_default(c.database_url, "application_name", "outboxd"), "connect_timeout", "10");
+    return with_connection_defaults(c.database_url, c.db_connect_timeout, c.db_keepalive_timeout);
 }
 
 // Schema and connection string of the commands that only talk to the database.

@@ -3,6 +3,8 @@
 #include <utility>  // before Asio
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <random>
@@ -164,12 +166,14 @@ public:
           cfg_(opts_.settings),
           routes_(cfg_),
           store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/true,
-                 destination_names(cfg_)),
+                 cfg_.db_statement_timeout, destination_names(cfg_)),
           worker_(store_),
-          outcome_store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true),
+          outcome_store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/false,
+                         cfg_.db_statement_timeout),
           outcome_worker_(outcome_store_),
           listener_(ioc_, worker_.executor(), o.dsn, notify_channel(cfg_.schema),
-                    {[this] { wake(); }, [this] { wake(); }, [](const std::string&) {}}),
+                    {[this] { wake(); }, [this] { wake(); }, [this](const std::string&) { reconnect_stores(); }},
+                    cfg_.db_keepalive_timeout),
           dispatch_(cfg_.concurrency),
           signals_(ioc_, SIGINT, SIGTERM),
           sweep_timer_(ioc_),
@@ -194,6 +198,16 @@ public:
     int run() {
         start();
         ioc_.run();
+        if (exit_code_ == exit_forced) {
+            // The second signal: exit now, without joining the database
+            // threads, which may be blocked in libpq on a silent database for
+            // as long as their deadline. Safe: nothing is written that the
+            // database needs; every lease we hold expires on its own and its
+            // event is claimed again (at-least-once), and the outbox is the
+            // truth. stdout (the stdout sink) is flushed first.
+            std::fflush(nullptr);
+            std::_Exit(exit_forced);
+        }
         outcome_worker_.stop();
         worker_.stop();
         return exit_code_;
@@ -263,6 +277,15 @@ private:
                                           version ? fmt::format("at migration {} of {}", *version, plan.binary_version)
                                                   : std::string("not installed")));
         }
+    }
+
+    // The LISTEN connection died: the database restarted, failed over or
+    // went out of reach, and the other two connections are most likely dead
+    // too. Their next call starts on a new connection instead of waiting out
+    // its deadline on the old one (a call running now still does).
+    void reconnect_stores() {
+        worker_.submit([](pg::store& s) { s.disconnect(); });
+        outcome_worker_.submit([](pg::store& s) { s.disconnect(); });
     }
 
     // ---- claiming ------------------------------------------------------

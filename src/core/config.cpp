@@ -616,6 +616,9 @@ void apply_env_and_flags(const inputs& in, destination_settings& s) {
 struct top_settings {
     setting<std::string> database_url{{}, builtin("database.url")};
     setting<std::string> schema{"outbox", builtin("database.schema")};
+    setting<milliseconds> db_connect_timeout{milliseconds(10'000), builtin("database.connect_timeout")};
+    setting<milliseconds> db_keepalive_timeout{milliseconds(10'000), builtin("database.keepalive_timeout")};
+    setting<milliseconds> db_statement_timeout{milliseconds(5'000), builtin("database.statement_timeout")};
     setting<std::size_t> concurrency{32, builtin("relay.concurrency")};
     setting<milliseconds> lease{milliseconds(30'000), builtin("relay.lease")};
     setting<milliseconds> sweep_interval{milliseconds(30'000), builtin("relay.sweep_interval")};
@@ -628,13 +631,25 @@ struct top_settings {
 
 constexpr milliseconds min_sweep_interval{100};
 constexpr milliseconds min_lease{1};
+// libpq takes both in whole seconds; it treats a connect_timeout under 2 s as 2 s.
+constexpr milliseconds min_db_connect_timeout{2'000};
+constexpr milliseconds min_db_keepalive_timeout{1'000};
 
 void read_top_tables(const file_reader& f, const inputs& in, const std::vector<entry>& root, top_settings& top,
                      destination_settings& defaults) {
     for (const auto& section : root) {
         if (section.key == "database") {
-            for (const auto& e : entries(f, table_of(section), "database", {"url", "schema"})) {
+            for (const auto& e : entries(f, table_of(section), "database",
+                                         {"url", "schema", "connect_timeout", "keepalive_timeout",
+                                          "statement_timeout"})) {
                 if (e.key == "url") top.database_url = {string_of(e), e.from};
+                if (e.key == "connect_timeout") {
+                    top.db_connect_timeout = {duration_of(e, min_db_connect_timeout), e.from};
+                }
+                if (e.key == "keepalive_timeout") {
+                    top.db_keepalive_timeout = {duration_of(e, min_db_keepalive_timeout), e.from};
+                }
+                if (e.key == "statement_timeout") top.db_statement_timeout = {duration_of(e, milliseconds(0)), e.from};
                 if (e.key == "schema") {
                     const auto* s = e.node->as_string();
                     if (s == nullptr) fail(e.from, fmt::format("expected a string, got {}", got(*e.node)));
@@ -690,6 +705,18 @@ void apply_env_and_flags(const inputs& in, top_settings& top) {
     text_setting("OUTBOXD_SCHEMA", "schema", [&](const std::string& v, const origin& o) {
         top.schema = {schema_checked(v, o), o};
     });
+    text_setting("OUTBOXD_DATABASE_CONNECT_TIMEOUT", "database-connect-timeout",
+                 [&](const std::string& v, const origin& o) {
+                     top.db_connect_timeout = {duration_from_text(v, o, min_db_connect_timeout), o};
+                 });
+    text_setting("OUTBOXD_DATABASE_KEEPALIVE_TIMEOUT", "database-keepalive-timeout",
+                 [&](const std::string& v, const origin& o) {
+                     top.db_keepalive_timeout = {duration_from_text(v, o, min_db_keepalive_timeout), o};
+                 });
+    text_setting("OUTBOXD_DATABASE_STATEMENT_TIMEOUT", "database-statement-timeout",
+                 [&](const std::string& v, const origin& o) {
+                     top.db_statement_timeout = {duration_from_text(v, o, milliseconds(0)), o};
+                 });
     text_setting("OUTBOXD_CONCURRENCY", "concurrency", [&](const std::string& v, const origin& o) {
         top.concurrency = {static_cast<std::size_t>(int_from_text(v, o, 1, max_concurrency_limit)), o};
     });
@@ -1007,6 +1034,9 @@ config resolve_config(const config_sources& sources) {
     config c;
     c.database_url = std::move(top.database_url.value);
     c.schema = std::move(top.schema.value);
+    c.db_connect_timeout = top.db_connect_timeout.value;
+    c.db_keepalive_timeout = top.db_keepalive_timeout.value;
+    c.db_statement_timeout = top.db_statement_timeout.value;
     c.log_level = std::move(top.log_level.value);
     c.concurrency = top.concurrency.value;
     c.lease = top.lease.value;
@@ -1057,6 +1087,9 @@ std::string render_config(const config& c) {
     out += "[database]\n";
     line("url", quoted(redact_dsn(c.database_url)));
     line("schema", quoted(c.schema));
+    line("connect_timeout", duration_value(c.db_connect_timeout));
+    line("keepalive_timeout", duration_value(c.db_keepalive_timeout));
+    line("statement_timeout", duration_value(c.db_statement_timeout));
     out += "\n[relay]\n";
     line("concurrency", fmt::format("{}", c.concurrency));
     line("lease", duration_value(c.lease));

@@ -60,6 +60,15 @@ struct route_config {
 struct config {
     std::string database_url;             // raw, may hold a password
     std::string schema = "outbox";
+    // How long a database connection may take to open; every connection.
+    std::chrono::milliseconds db_connect_timeout{10'000};
+    // How long the database may stay silent on an idle connection before it
+    // is given up (TCP keepalive and tcp_user_timeout, every connection; the
+    // LISTEN connection's ping).
+    std::chrono::milliseconds db_keepalive_timeout{10'000};
+    // The relay's own statements: the server cancels one that runs longer,
+    // and outboxd gives up on one not answered within this plus 2 s. 0: none.
+    std::chrono::milliseconds db_statement_timeout{5'000};
     std::string log_level = "info";
     std::size_t concurrency = 32;         // deliveries in flight at most, all destinations
     std::chrono::milliseconds lease{30'000};

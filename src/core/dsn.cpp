@@ -1,6 +1,8 @@
 #include "core/dsn.hpp"
 
+#include <algorithm>
 #include <cctype>
+#include <utility>
 #include <optional>
 #include <string>
 #include <vector>
@@ -221,6 +223,33 @@ std::string with_default(std::string_view dsn, std::string_view key, std::string
     }
     if (dsn.find_first_not_of(" \t\n\r") == std::string_view::npos) return fmt::format("{}={}", key, value);
     return fmt::format("{} {}={}", dsn, key, value);
+}
+
+std::string with_connection_defaults(std::string_view dsn, std::chrono::milliseconds connect_timeout,
+                                     std::chrono::milliseconds keepalive_timeout) {
+    using std::chrono::duration_cast;
+    using std::chrono::seconds;
+    const auto whole_seconds = [](std::chrono::milliseconds d) {
+        return std::max<long long>(1, duration_cast<seconds>(d + std::chrono::milliseconds(999)).count());
+    };
+    // Idle for half the timeout, then three probes in the other half: an idle
+    // connection to a silent peer errors within the timeout. tcp_user_timeout
+    // covers a connection with data in flight, which keepalive does not.
+    const auto t = whole_seconds(keepalive_timeout);
+    const auto idle = std::max<long long>(1, t / 2);
+    const auto interval = std::max<long long>(1, (t - idle) / 3);
+    std::string out(dsn);
+    const std::pair<std::string_view, std::string> defaults[] = {
+        {"application_name", "outboxd"},
+        {"connect_timeout", fmt::format("{}", whole_seconds(connect_timeout))},
+        {"keepalives", "1"},
+        {"keepalives_idle", fmt::format("{}", idle)},
+        {"keepalives_interval", fmt::format("{}", interval)},
+        {"keepalives_count", "3"},
+        {"tcp_user_timeout", fmt::format("{}", keepalive_timeout.count())},
+    };
+    for (const auto& [key, value] : defaults) out = with_default(out, key, value);
+    return out;
 }
 
 }  // namespace outboxd

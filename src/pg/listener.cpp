@@ -10,6 +10,7 @@
 #include "core/dsn.hpp"
 #include "core/log.hpp"
 #include "core/sql_ident.hpp"
+#include "pg/stall_watchdog.hpp"
 
 namespace outboxd::pg {
 
@@ -20,26 +21,30 @@ namespace {
 constexpr std::chrono::milliseconds first_retry{100};
 constexpr std::chrono::milliseconds max_retry{5'000};
 
-std::shared_ptr<pqxx::connection> open_listening(const std::string& dsn, const std::string& channel) {
-    auto conn = std::make_shared<pqxx::connection>(dsn);
-    pqxx::nontransaction tx(*conn);
-    tx.exec("LISTEN " + quote_ident(channel));
+std::shared_ptr<pqxx::connection> open_listening(const std::string& dsn, const std::string& channel,
+                                                 std::chrono::milliseconds answer_within) {
+    auto conn = std::make_shared<pqxx::connection>(dsn);  // bounded by connect_timeout
+    conn->inhibit_reactivation(true);  // a lost connection is replaced by us, never revived by libpqxx
+    with_deadline(*conn, answer_within, [&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        tx.exec("LISTEN " + quote_ident(channel));
+    });
     return conn;
 }
 
 }  // namespace
 
 listener::listener(net::io_context& ioc, net::any_io_executor blocking, std::string dsn, std::string channel,
-                   callbacks cb)
+                   callbacks cb, std::chrono::milliseconds keepalive_timeout)
     : ioc_(ioc), blocking_(std::move(blocking)), dsn_(std::move(dsn)), channel_(std::move(channel)),
-      cb_(std::move(cb)), socket_(ioc), retry_timer_(ioc) {}
+      cb_(std::move(cb)), socket_(ioc), retry_timer_(ioc), ping_timer_(ioc), keepalive_timeout_(keepalive_timeout) {}
 
 listener::~listener() {
     *alive_ = false;
     stop();
 }
 
-void listener::connect_now() { conn_ = open_listening(dsn_, channel_); }
+void listener::connect_now() { conn_ = open_listening(dsn_, channel_, keepalive_timeout_ / 2); }
 
 void listener::start() {
     socket_.assign(conn_->sock());
@@ -49,6 +54,7 @@ void listener::start() {
 void listener::stop() {
     stopped_ = true;
     retry_timer_.cancel();
+    ping_timer_.cancel();
     // Hand the descriptor back before libpq closes it: Asio must never close
     // (or keep watching) a socket it does not own.
     if (socket_.is_open()) socket_.release();
@@ -71,10 +77,52 @@ void listener::arm() {
                        [this, alive = alive_](const boost::system::error_code& ec) {
                            if (*alive) on_readable(ec);
                        });
+    arm_ping();
+}
+
+// Restarted at every wake-up: only a quiet connection is pinged.
+void listener::arm_ping() {
+    if (keepalive_timeout_.count() <= 0) return;
+    ping_timer_.expires_after(keepalive_timeout_ / 2);
+    ping_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
+        if (!ec && *alive) ping();
+    });
+}
+
+void listener::ping() {
+    if (stopped_ || !conn_ || pinging_) return;
+    pinging_ = true;
+    // Nothing on this thread reads the connection until the ping is back
+    // (libpq connections are not thread-safe); arm() resumes the wait and
+    // picks up any notification that came with the answer.
+    socket_.cancel();
+    net::post(blocking_, [this, alive = alive_, conn = conn_, limit = keepalive_timeout_ / 2] {
+        std::string error;
+        try {
+            with_deadline(*conn, limit, [](pqxx::connection& c) {
+                pqxx::nontransaction tx(c);
+                tx.exec("SELECT 1");
+            });
+        } catch (const std::exception& e) {
+            error = e.what();
+            if (error.empty()) error = "ping failed";
+        }
+        net::post(ioc_, [this, alive, error] {
+            if (!*alive) return;
+            pinging_ = false;
+            if (stopped_ || !conn_) return;
+            if (!error.empty()) {
+                lose(error);
+                return;
+            }
+            arm();
+        });
+    });
 }
 
 void listener::on_readable(const boost::system::error_code& ec) {
-    if (ec == net::error::operation_aborted || stopped_) return;
+    // During a ping the connection belongs to the ping; it re-arms.
+    if (ec == net::error::operation_aborted || stopped_ || pinging_) return;
     if (ec) {
         lose(ec.message());
         return;
@@ -87,6 +135,7 @@ void listener::on_readable(const boost::system::error_code& ec) {
 }
 
 void listener::lose(const std::string& why) {
+    ping_timer_.cancel();
     if (socket_.is_open()) socket_.release();
     conn_.reset();
     if (stopped_) return;
@@ -104,11 +153,11 @@ void listener::schedule_reconnect() {
     retry_timer_.expires_after(jittered);
     retry_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
         if (ec || !*alive || stopped_) return;
-        net::post(blocking_, [this, alive, dsn = dsn_, channel = channel_] {
+        net::post(blocking_, [this, alive, dsn = dsn_, channel = channel_, limit = keepalive_timeout_ / 2] {
             std::shared_ptr<pqxx::connection> fresh;
             std::string error;
             try {
-                fresh = open_listening(dsn, channel);
+                fresh = open_listening(dsn, channel, limit);
             } catch (const std::exception& e) {
                 error = scrub_secrets(e.what(), dsn);
             }

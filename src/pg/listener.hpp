@@ -6,6 +6,13 @@
 // harmless because the relay drains after every (re)connect and sweeps.
 // On any error the connection is dropped and rebuilt with backoff; the
 // blocking connect runs on `blocking`, never on the event loop's thread.
+//
+// An idle connection to a database that went silent (network partition,
+// failover to another address) never becomes readable, and TCP keepalive
+// does not notice when something on the path still answers for the peer. So
+// after keepalive_timeout / 2 without traffic the listener pings (SELECT 1,
+// on `blocking`, the socket wait paused meanwhile) and drops the connection
+// when no answer comes within another keepalive_timeout / 2.
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp misses it
 
@@ -30,8 +37,10 @@ public:
         std::function<void(const std::string& why)> on_lost;
     };
 
+    // keepalive_timeout 0: no pings.
     listener(boost::asio::io_context& ioc, boost::asio::any_io_executor blocking, std::string dsn,
-             std::string channel, callbacks cb);
+             std::string channel, callbacks cb,
+             std::chrono::milliseconds keepalive_timeout = std::chrono::milliseconds(0));
     ~listener();
     listener(const listener&) = delete;
     listener& operator=(const listener&) = delete;
@@ -46,6 +55,8 @@ public:
 
 private:
     void arm();
+    void arm_ping();
+    void ping();
     void on_readable(const boost::system::error_code& ec);
     void lose(const std::string& why);
     void schedule_reconnect();
@@ -59,6 +70,9 @@ private:
     std::shared_ptr<pqxx::connection> conn_;
     boost::asio::posix::stream_descriptor socket_;
     boost::asio::steady_timer retry_timer_;
+    boost::asio::steady_timer ping_timer_;
+    std::chrono::milliseconds keepalive_timeout_;
+    bool pinging_ = false;  // the connection is on `blocking` for a ping: hands off
     std::chrono::milliseconds retry_delay_{0};
     bool stopped_ = false;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

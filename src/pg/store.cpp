@@ -10,6 +10,7 @@
 #include "core/text.hpp"
 #include "pg/migrator.hpp"
 #include "pg/params.hpp"
+#include "pg/stall_watchdog.hpp"
 
 namespace outboxd::pg {
 namespace {
@@ -76,26 +77,53 @@ std::size_t claim_size(std::size_t wanted) noexcept {
 }
 
 store::store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session, bool plan_once,
-             std::optional<std::vector<std::string>> destinations)
+             std::chrono::milliseconds statement_timeout, std::optional<std::vector<std::string>> destinations)
     : dsn_(std::move(dsn)),
       schema_(std::move(schema)),
       owner_(std::move(lease_owner)),
       relay_session_(relay_session),
       plan_once_(plan_once),
+      statement_timeout_(statement_timeout),
       destinations_(std::move(destinations)),
       queries_(schema_) {}
+
+namespace {
+
+std::chrono::milliseconds call_limit(std::chrono::milliseconds statement_timeout) {
+    return statement_timeout.count() > 0 ? statement_timeout + store::answer_margin : statement_timeout;
+}
+
+}  // namespace
 
 store::~store() = default;
 
 void store::connect() {
     conn_.reset();
-    auto c = std::make_unique<pqxx::connection>(dsn_);
+    auto c = std::make_unique<pqxx::connection>(dsn_);  // bounded by connect_timeout
+    // A lost connection is dropped and made anew by conn(); libpqxx 6 must
+    // not reconnect by itself inside a later statement of the same call (a
+    // rollback, say), where our deadline watches the old socket, not the new.
+    c->inhibit_reactivation(true);
+    with_deadline(*c, call_limit(statement_timeout_), [&](pqxx::connection& cc) { set_up(cc); });
+    conn_ = std::move(c);
+}
+
+void store::set_up(pqxx::connection& c) {
+    if (statement_timeout_.count() > 0) {
+        pqxx::nontransaction tx(c);
+        // No statement of ours runs long: one that does is stuck (a lock, a
+        // bad plan) and is better failed and retried. A transaction of ours
+        // is never idle between statements for long either; one that is
+        // holds row locks for a client that may be gone.
+        tx.exec(fmt::format("SET statement_timeout = {}", statement_timeout_.count()));
+        tx.exec(fmt::format("SET idle_in_transaction_session_timeout = {}", statement_timeout_.count()));
+    }
     if (relay_session_) {
-        pqxx::nontransaction tx(*c);
+        pqxx::nontransaction tx(c);
         tx.exec("SET synchronous_commit = off");  // see the constructor's comment
     }
     if (plan_once_) {
-        pqxx::nontransaction tx(*c);
+        pqxx::nontransaction tx(c);
         // See the constructor's comment. A generic plan is made once, when
         // the outbox may be empty or small: made then, it would seq-scan (or
         // bitmap-scan) and sort all due rows at every later claim, however
@@ -106,15 +134,14 @@ void store::connect() {
     }
     // Size 0 claims nothing and still reports what is due next.
     for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
-        c->prepare(fmt::format("claim_{}", size), claim_sql(size, false));
-        c->prepare(fmt::format("claim_after_{}", size), claim_sql(size, true));
-        c->prepare(fmt::format("claim_deliveries_{}", size), sized("claim_deliveries", size));
+        c.prepare(fmt::format("claim_{}", size), claim_sql(size, false));
+        c.prepare(fmt::format("claim_after_{}", size), claim_sql(size, true));
+        c.prepare(fmt::format("claim_deliveries_{}", size), sized("claim_deliveries", size));
     }
-    queries_.prepare(*c, {"complete", "reschedule", "bury", "release", "enqueue", "fan_out",
-                          "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
-                          "reschedule_delivery", "bury_delivery", "delete_finished_events",
-                          "purge_idempotency_keys"});
-    conn_ = std::move(c);
+    queries_.prepare(c, {"complete", "reschedule", "bury", "release", "enqueue", "fan_out",
+                         "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
+                         "reschedule_delivery", "bury_delivery", "delete_finished_events",
+                         "purge_idempotency_keys"});
 }
 
 // Claims are planned once and the plan serves whatever comes later, so it
@@ -175,7 +202,7 @@ pqxx::connection& store::conn() {
 template <typename F>
 auto store::guarded(F&& f) {
     try {
-        return f(conn());
+        return with_deadline(conn(), call_limit(statement_timeout_), std::forward<F>(f));
     } catch (const pqxx::broken_connection&) {
         conn_.reset();
         throw;

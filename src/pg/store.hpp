@@ -4,8 +4,8 @@
 // transaction is ever held open across a delivery. Blocking (libpqxx):
 // call from a thread that may block. Not thread-safe.
 //
-// Errors: pqxx::broken_connection when the connection is lost (the store
-// drops it and reconnects on the next call); pqxx::sql_error and others for
+// Errors: pqxx::broken_connection when the connection is lost or a call
+// outlived its deadline (the store drops it and reconnects on the next call); pqxx::sql_error and others for
 // the rest. Both are safe to retry: every statement is fenced by lease owner
 // and attempt, so repeating one changes nothing twice.
 
@@ -128,13 +128,22 @@ public:
     // outbox is empty or small still reads its index in claim order.
     // destinations: the relay's configured destinations; its claims report
     // only their deliveries as due (nullopt: any destination's).
+    // statement_timeout (0: none): the session's statement_timeout and
+    // idle_in_transaction_session_timeout, and every call is given up (its
+    // connection cut, see stall_watchdog.hpp) when not answered within it
+    // plus answer_margin: the server never sees a query sent into a network
+    // partition, so only our own deadline ends the wait.
     store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session = false,
-          bool plan_once = false, std::optional<std::vector<std::string>> destinations = std::nullopt);
+          bool plan_once = false, std::chrono::milliseconds statement_timeout = std::chrono::milliseconds(0),
+          std::optional<std::vector<std::string>> destinations = std::nullopt);
+    // Time for the server's own cancellation to come back before we cut.
+    static constexpr std::chrono::milliseconds answer_margin{2'000};
     ~store();
     store(const store&) = delete;
     store& operator=(const store&) = delete;
 
     // Connects now (otherwise the first call does). Throws on failure.
+    // The new session's setup is given up like a call when it is not answered.
     void connect();
     [[nodiscard]] bool connected() const noexcept;
     void disconnect() noexcept;
@@ -190,6 +199,7 @@ public:
 
 private:
     pqxx::connection& conn();
+    void set_up(pqxx::connection& c);  // session settings and prepared statements
     [[nodiscard]] std::string sized(std::string_view query, std::size_t size) const;
     template <typename F> auto guarded(F&& f);
 
@@ -198,6 +208,7 @@ private:
     std::string owner_;
     bool relay_session_;
     bool plan_once_;
+    std::chrono::milliseconds statement_timeout_;
     std::optional<std::vector<std::string>> destinations_;
     query_book queries_;
     std::unique_ptr<pqxx::connection> conn_;

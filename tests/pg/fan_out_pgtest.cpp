@@ -280,7 +280,7 @@ TEST_CASE("a relay's store leaves deliveries to destinations it does not know al
     installed db;
     auto s = db.store("relay-a");
     pg::store only_a(testing::database_url(), db.schema.name(), "relay-old", false, false,
-                     std::vector<std::string>{"a"});
+                     std::chrono::milliseconds(0), std::vector<std::string>{"a"});
     const auto id = s.enqueue(ev());
     REQUIRE(claim_all(s, 1).size() == 1);
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("b")}, {}));

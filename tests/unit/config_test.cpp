@@ -1078,3 +1078,45 @@ TEST_CASE("config: a database URL of the wrong shape says what shape is expected
           "--database-url: expected a PostgreSQL URL (postgresql://user@host:5432/dbname) or key=value settings "
           "(host=... dbname=...), got neither (not shown: it may hold a password)");
 }
+
+TEST_CASE("config: database timeouts from the file, environment and flags, with their limits") {
+    fake f;
+    f.env["DATABASE_URL"] = "postgresql://db/app";
+    f.flags["url"] = {"http://127.0.0.1:8080/hook"};
+    {
+        const auto c = resolve(f);
+        CHECK(c.db_connect_timeout == 10s);
+        CHECK(c.db_keepalive_timeout == 10s);
+        CHECK(c.db_statement_timeout == 5s);
+    }
+    f.file = "[database]\nconnect_timeout = \"3s\"\nkeepalive_timeout = \"4s\"\nstatement_timeout = \"0s\"\n";
+    {
+        const auto c = resolve(f);
+        CHECK(c.db_connect_timeout == 3s);
+        CHECK(c.db_keepalive_timeout == 4s);
+        CHECK(c.db_statement_timeout == 0s);  // none
+        CHECK(render_config(c).find("keepalive_timeout = \"4s\"") != std::string::npos);
+    }
+    f.env["OUTBOXD_DATABASE_KEEPALIVE_TIMEOUT"] = "6s";
+    f.env["OUTBOXD_DATABASE_STATEMENT_TIMEOUT"] = "750ms";
+    f.flags["database-connect-timeout"] = {"2s"};
+    f.flags["database-statement-timeout"] = {"1s"};
+    {
+        const auto c = resolve(f);
+        CHECK(c.db_connect_timeout == 2s);
+        CHECK(c.db_keepalive_timeout == 6s);
+        CHECK(c.db_statement_timeout == 1s);
+    }
+    fake bad = f;
+    bad.file = "[database]\nconnect_timeout = \"1s\"\n";
+    bad.flags.erase("database-connect-timeout");
+    CHECK(error_of(bad) ==
+          "t.toml:2:1: database.connect_timeout: expected a duration of at least 2s, got \"1s\"");
+    bad.file = "[database]\nkeepalive_timeout = 10\n";
+    bad.env.erase("OUTBOXD_DATABASE_KEEPALIVE_TIMEOUT");
+    CHECK(error_of(bad) ==
+          "t.toml:2:1: database.keepalive_timeout: expected a duration like \"5s\" or \"250ms\", got 10");
+    bad.file.clear();
+    bad.flags["database-keepalive-timeout"] = {"500ms"};
+    CHECK(error_of(bad) == "--database-keepalive-timeout: expected a duration of at least 1s, got \"500ms\"");
+}

@@ -313,3 +313,26 @@ TEST_CASE("dsn: with_default keeps an empty or '&'-terminated URI query valid") 
     CHECK(with_default("postgresql://db/app?sslmode=require&", "application_name", "outboxd") ==
           "postgresql://db/app?sslmode=require&application_name=outboxd");
 }
+
+// ---- with_connection_defaults ----------------------------------------------
+
+TEST_CASE("dsn: connection defaults are added to a URI and to key=value, the user's own kept") {
+    using namespace std::chrono_literals;
+    CHECK(outboxd::with_connection_defaults("postgresql://alice:s3cret@db/app", 10s, 10s) ==
+          "postgresql://alice:s3cret@db/app?application_name=outboxd&connect_timeout=10&keepalives=1"
+          "&keepalives_idle=5&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=10000");
+    CHECK(outboxd::with_connection_defaults("postgresql://db/app?keepalives_idle=60&sslmode=require", 3s, 2500ms) ==
+          "postgresql://db/app?keepalives_idle=60&sslmode=require&application_name=outboxd&connect_timeout=3"
+          "&keepalives=1&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=2500");
+    CHECK(outboxd::with_connection_defaults("host=db password='a b' tcp_user_timeout=0", 2s, 30s) ==
+          "host=db password='a b' tcp_user_timeout=0 application_name=outboxd connect_timeout=2 keepalives=1 "
+          "keepalives_idle=15 keepalives_interval=5 keepalives_count=3");
+}
+
+TEST_CASE("dsn: connection defaults libpq accepts and a short keepalive timeout in whole seconds") {
+    using namespace std::chrono_literals;
+    // 1.5 s rounds up to 2: idle 1, interval 1.
+    const auto dsn = outboxd::with_connection_defaults("dbname=app", 2s, 1500ms);
+    CHECK(dsn == "dbname=app application_name=outboxd connect_timeout=2 keepalives=1 keepalives_idle=1 "
+                 "keepalives_interval=1 keepalives_count=3 tcp_user_timeout=1500");
+}
