@@ -20,6 +20,13 @@
 
 namespace outboxd::http {
 
+// Bytes read for one request's response at most, everything included
+// (status lines and headers of interim and final responses, chunk-size
+// lines and their extensions, trailers, body). Past it the attempt fails as
+// a transport error ("response ... too large"). The body itself is read up
+// to 1 MiB (only max_body_excerpt of it kept), which reports the status.
+inline constexpr std::size_t max_response_bytes = 4 * 1024 * 1024;
+
 struct client_options {
     std::size_t max_connections = 32;                         // concurrent requests at most
     std::chrono::milliseconds connect_timeout{5'000};         // DNS + TCP connect + TLS handshake

@@ -59,6 +59,7 @@ struct reply {
         raw,                // write `raw` bytes, then close
         raw_keep,           // write `raw` bytes, keep the connection open
         raw_split_keep,     // write `raw` up to its blank line, pause, write the rest; keep open
+        stream,             // write `raw`, then the server's stream_repeat until the client stops reading
     };
     kind what = kind::respond;
     test_response response;
@@ -108,6 +109,12 @@ public:
     int open = 0;      // connections currently open (as far as the server knows)
     int max_open = 0;  // highest `open` seen
     std::vector<test_request> seen;
+    // kind::stream: bytes written (accepted by the kernel), and whether a
+    // write failed because the client closed.
+    static constexpr std::size_t stream_limit = 64 * 1024 * 1024;
+    std::string stream_repeat;
+    std::size_t streamed = 0;
+    bool stream_ended = false;
 
 private:
     struct session : std::enable_shared_from_this<session> {
@@ -163,6 +170,17 @@ private:
                                          });
                                      });
                     return;
+                case reply::kind::stream:
+                    // A small send buffer, so that what the server counts as
+                    // written is close to what the client has read.
+                    stream_.socket().set_option(net::socket_base::send_buffer_size(16 * 1024));
+                    net::async_write(stream_, net::buffer(reply_.raw),
+                                     [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                                         self->server_.streamed += n;
+                                         if (ec) return self->shut();
+                                         self->stream_more();
+                                     });
+                    return;
                 case reply::kind::raw_keep:
                     net::async_write(stream_, net::buffer(reply_.raw),
                                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
@@ -188,6 +206,24 @@ private:
             }
         }
 
+        // Writes stream_repeat in 64 KiB slices until a write fails (the client
+        // has closed) or stream_limit is reached (a safety bound for a
+        // client that reads everything; the connection then closes).
+        void stream_more() {
+            if (server_.streamed >= test_server::stream_limit) return;
+            if (slice_.empty()) {
+                while (slice_.size() < 64 * 1024) slice_ += server_.stream_repeat;
+            }
+            net::async_write(stream_, net::buffer(slice_), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                self->server_.streamed += n;
+                if (ec) {
+                    self->server_.stream_ended = true;
+                    return self->shut();
+                }
+                self->stream_more();
+            });
+        }
+
         void shut() {
             if (closed_) return;
             closed_ = true;
@@ -201,6 +237,7 @@ private:
         beast::tcp_stream stream_;
         net::steady_timer pause_;
         std::size_t split_ = 0;
+        std::string slice_;
         beast::flat_buffer buffer_;
         test_request request_;
         reply reply_;
@@ -393,6 +430,57 @@ TEST_CASE("webhook_client: a huge response body keeps the status and excerpt, th
 
     CHECK(post_and_wait(ioc, client, json("{}")).status == 200);
     CHECK(server.accepts == 2);  // the first connection was not reused
+}
+
+// A receiver that never stops sending costs a bounded read, whatever part
+// of the response it stretches (Beast 1.74 itself limits neither chunk
+// extensions nor trailers): the attempt fails promptly as a transport error.
+// What the server managed to write is what the client read plus the
+// kernel's socket buffers on both sides.
+void check_endless_response(std::string prefix, std::string repeat) {
+    net::io_context ioc;
+    test_server server(ioc);
+    server.behaviour = [&](const test_request&, int, int) { return reply{reply::kind::stream, {}, prefix}; };
+    server.stream_repeat = std::move(repeat);
+    client_options o = fast_options();
+    o.request_timeout = 3s;
+    webhook_client client(ioc, parse_endpoint_url(server.url()), o);
+
+    response_summary const r = post_and_wait(ioc, client, json("{}"));
+    CAPTURE(r.error);
+    CHECK(r.transport_error);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.status == 0);
+    CHECK(r.error.find("too large") != std::string::npos);
+    CHECK(r.elapsed < 2s);
+    CHECK(run_until(ioc, [&] { return server.stream_ended; }, 2s));
+    constexpr std::size_t socket_buffers = 8 * 1024 * 1024;
+    CAPTURE(server.streamed);
+    CHECK(server.streamed < outboxd::http::max_response_bytes + socket_buffers);
+}
+
+TEST_CASE("webhook_client: an endless chunk extension is cut off, not buffered") {
+    check_endless_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;x=", "a");
+}
+
+TEST_CASE("webhook_client: an endless trailer is cut off, not buffered") {
+    check_endless_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n",
+                           "X-Padding: padding-padding-padding\r\n");
+}
+
+TEST_CASE("webhook_client: endless chunk framing around a small body stops at max_response_bytes") {
+    // 1 body byte per ~1 KiB on the wire: the 1 MiB body limit alone would
+    // let a gigabyte through.
+    check_endless_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                           "1;ext=" + std::string(1000, 'e') + "\r\nz\r\n");
+}
+
+TEST_CASE("webhook_client: endless interim 1xx responses stop at max_response_bytes") {
+    check_endless_response("", "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n");
+}
+
+TEST_CASE("webhook_client: an endless response head is cut off") {
+    check_endless_response("HTTP/1.1 200 OK\r\n", "X-Padding: padding-padding-padding\r\n");
 }
 
 TEST_CASE("webhook_client: Retry-After is captured raw") {
