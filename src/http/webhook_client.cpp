@@ -96,6 +96,11 @@ constexpr std::uint64_t max_response_body = 1024 * 1024;
 // Beast's default (8 KiB) rejects some real-world responses (long CSP or
 // cookie headers); 64 KiB is still a small bound.
 constexpr std::uint32_t max_response_header = 64 * 1024;
+// Bytes read but not yet parsed at most. Beast 1.74 parses a chunk-size
+// line (with its extensions) and the trailers only once they are whole, and
+// limits neither: without a bound on the read buffer a receiver could grow
+// it for ever. A head must fit, hence the header limit plus a read's slack.
+constexpr std::size_t max_unparsed = max_response_header + 16 * 1024;
 
 // A Beast body type that keeps only the first `keep` bytes of the body and
 // discards the rest, so a large response costs no memory beyond the excerpt
@@ -557,6 +562,7 @@ private:
 
     void send() {
         phase_ = phase::writing;
+        response_bytes_ = 0;
         new_parser();
         // One deadline for write and read together (tcp_stream applies it to
         // every operation until it is set again).
@@ -593,9 +599,27 @@ private:
         read();
     }
 
+    // Reads piece by piece to count what the parser consumes: with the
+    // unparsed rest bounded by buffer_'s max_unparsed, that bounds every byte
+    // read for the attempt, framing and interim responses included.
     void read() {
-        http::async_read(*stream_, buffer_, *parser_,
-                         [self = self()](beast::error_code ec, std::size_t /*n*/) { self->on_read(ec); });
+        http::async_read_some(*stream_, buffer_, *parser_, [self = self()](beast::error_code ec, std::size_t n) {
+            self->on_read_some(ec, n);
+        });
+    }
+
+    void on_read_some(beast::error_code ec, std::size_t parsed) {
+        response_bytes_ += parsed;
+        if (!ec && response_bytes_ > max_response_bytes) {
+            fail(fmt::format("response from {} too large: over {} bytes read", config_.authority,
+                             max_response_bytes));
+            return;
+        }
+        if (!ec && !parser_->is_done()) {
+            read();
+            return;
+        }
+        on_read(ec);
     }
 
     void on_read(beast::error_code ec) {
@@ -699,7 +723,14 @@ private:
                     s = transport_failure(fmt::format("send request to {}: {}", where, ec.message()));
                     break;
                 case phase::reading:
-                    if (ec == http::error::end_of_stream && !parser_->got_some()) {
+                    if (ec == http::error::header_limit) {
+                        s = transport_failure(
+                            fmt::format("response from {} too large: head over {} bytes", where, max_response_header));
+                    } else if (ec == http::error::buffer_overflow) {
+                        s = transport_failure(fmt::format(
+                            "response from {} too large: a chunk-size line or trailers over {} bytes", where,
+                            max_unparsed));
+                    } else if (ec == http::error::end_of_stream && !parser_->got_some()) {
                         s = transport_failure(fmt::format("connection closed by {} before any response", where));
                     } else if (ec.category() == http::make_error_code(http::error::end_of_stream).category()) {
                         s = transport_failure(fmt::format("malformed response from {}: {}", where, ec.message()));
@@ -740,7 +771,7 @@ private:
     std::optional<stream_type> stream_;  // made by connect()
     tcp::resolver resolver_;
     net::steady_timer resolve_timer_;
-    beast::flat_buffer buffer_;  // reused across requests on this connection
+    beast::flat_buffer buffer_{max_unparsed};  // reused across requests on this connection
     std::string head_;  // request line and header fields (see http/request_head.hpp)
     std::string body_;
     std::optional<http::response_parser<excerpt_body>> parser_;
@@ -751,6 +782,7 @@ private:
     bool reused_ = false;     // this socket completed an exchange before
     bool may_retry_ = false;  // the one stale-connection retry is still available
     bool resolve_timed_out_ = false;
+    std::uint64_t response_bytes_ = 0;  // parsed for the current attempt (see read())
     std::uint64_t resolve_generation_ = 0;
 };
 

@@ -454,7 +454,7 @@ void check_endless_response(std::string prefix, std::string repeat) {
     CHECK(r.error.find("too large") != std::string::npos);
     CHECK(r.elapsed < 2s);
     CHECK(run_until(ioc, [&] { return server.stream_ended; }, 2s));
-    constexpr std::size_t socket_buffers = 8 * 1024 * 1024;
+    constexpr std::size_t socket_buffers = 1024 * 1024;  // measured: under 200 KiB beyond what was read
     CAPTURE(server.streamed);
     CHECK(server.streamed < outboxd::http::max_response_bytes + socket_buffers);
 }
