@@ -567,15 +567,17 @@ private:
         }
         for (const auto i : targets) {
             if (std::find(state->deferred.begin(), state->deferred.end(), i) != state->deferred.end()) continue;
-            send(i, e, built.headers, unix_now, [this, state, i](const http::response_summary& r) {
+            send(i, e, built.headers, unix_now, lease_end, [this, state, i](const http::response_summary& r) {
                 on_event_result(*state, i, r);
             });
         }
     }
 
     // Signs and sends one request to destination `i` now (a free connection
-    // is the caller's business).
+    // is the caller's business). The attempt ends a little before the lease
+    // does, so its outcome is recorded while the lease is still ours.
     void send(std::size_t i, const event& e, header_list headers, std::int64_t unix_now,
+              std::chrono::steady_clock::time_point lease_end,
               std::function<void(const http::response_summary&)> done) {
         const auto& d = cfg_.destinations[i];
         add_destination_headers(headers, d.headers);
@@ -585,7 +587,8 @@ private:
                                  sign_webhook(d.signing_secrets, headers.front().second, unix_now, e.payload));
         }
         ++lanes_[i].busy;
-        sinks_[i]->send(e, std::move(headers), [this, i, done = std::move(done)](http::response_summary r) {
+        const auto deadline = lease_end - std::min(cfg_.lease / 10, milliseconds(1000));
+        sinks_[i]->send(e, std::move(headers), deadline, [this, i, done = std::move(done)](http::response_summary r) {
             if (finishing_) return;  // shutdown timed out: the lease release covers this delivery
             lane_freed(i);
             done(r);
@@ -706,14 +709,14 @@ private:
             finished();
         };
         if (!lanes_[i].full()) {
-            send(i, e, std::move(built.headers), unix_now, std::move(on_result));
+            send(i, e, std::move(built.headers), unix_now, lease_end, std::move(on_result));
             return;
         }
         // Claimed just before its destination filled up: wait here for a
         // connection, but only as long as the request still fits in the lease.
         const auto& d = cfg_.destinations[i];
         const auto start_by = lease_end - d.connect_timeout - d.request_timeout;
-        lanes_[i].waiting.push_back([this, i, start_by, e = std::move(e), headers = std::move(built.headers),
+        lanes_[i].waiting.push_back([this, i, start_by, lease_end, e = std::move(e), headers = std::move(built.headers),
                                      unix_now, on_result = std::move(on_result)]() mutable {
             if (std::chrono::steady_clock::now() > start_by) {
                 http::response_summary r;
@@ -726,7 +729,7 @@ private:
                 lane_freed(i);
                 return;
             }
-            send(i, e, std::move(headers), unix_now, std::move(on_result));
+            send(i, e, std::move(headers), unix_now, lease_end, std::move(on_result));
         });
     }
 

@@ -6,6 +6,7 @@
 
 #include <utility>  // before Asio
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,8 +23,10 @@ class sink {
 public:
     virtual ~sink() = default;
     // Sends `e` (its payload is the body) with `headers`; `done` runs once, on
-    // the io_context, never from inside send().
-    virtual void send(const event& e, header_list headers, std::function<void(http::response_summary)> done) = 0;
+    // the io_context, never from inside send(). Nothing is started after
+    // `deadline` and the attempt ends by it (a transport error if need be).
+    virtual void send(const event& e, header_list headers, std::chrono::steady_clock::time_point deadline,
+                      std::function<void(http::response_summary)> done) = 0;
     // No new sends; what is under way completes or fails promptly.
     virtual void close() = 0;
 };

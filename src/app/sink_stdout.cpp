@@ -58,7 +58,8 @@ public:
         }
     }
 
-    void send(const event& e, header_list headers, std::function<void(http::response_summary)> done) override {
+    void send(const event& e, header_list headers, std::chrono::steady_clock::time_point /*deadline: local writes*/,
+              std::function<void(http::response_summary)> done) override {
         if (closed_) {
             net::post(ioc_, [done = std::move(done)] { done(failure("stdout transport closed")); });
             return;

@@ -17,8 +17,9 @@ public:
                                        .tls = d.tls,
                                        .block_private_addresses = block_private_addresses}) {}
 
-    void send(const event& e, header_list headers, std::function<void(http::response_summary)> done) override {
-        client_.post(http::outgoing_request{e.payload, std::move(headers)}, std::move(done));
+    void send(const event& e, header_list headers, std::chrono::steady_clock::time_point deadline,
+              std::function<void(http::response_summary)> done) override {
+        client_.post(http::outgoing_request{e.payload, std::move(headers), deadline}, std::move(done));
     }
 
     void close() override { client_.close(); }

@@ -24,7 +24,19 @@
 // Deadlines: resolve + connect + TLS handshake share one deadline
 // (connect_timeout: everything it takes to get a usable connection); write +
 // read share another (request_timeout), both through tcp_stream's timer
-// (the resolver gets a steady_timer, as tcp_stream does not cover it).
+// (the lookup gets a steady_timer, as tcp_stream does not cover it). Both
+// are cut short by the request's own deadline (the relay's lease), after
+// which nothing starts: no connect, no write, no stale-connection retry.
+//
+// Name lookups: getaddrinfo blocks and cannot be cancelled, and Asio's
+// resolver runs every lookup of an io_context one after another on a single
+// thread (a slow one delays all others, and its answer arrives after any
+// deadline). So each pool runs its own lookup on a detached thread; the
+// connections that need an address wait for it until their connect
+// deadline, and join the one in progress rather than start another (all
+// ask for the same name). An answer that comes after they gave up is
+// dropped. The thread reaches the loop only through a lookup_channel that
+// abort() closes, so it never touches an io_context that may be gone.
 //
 // TLS: `connection` is a template on its stream type; https endpoints get
 // connection<beast::ssl_stream<beast::tcp_stream>>, which adds the handshake
@@ -46,18 +58,22 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <netdb.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <charconv>
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -96,6 +112,11 @@ constexpr std::uint64_t max_response_body = 1024 * 1024;
 // Beast's default (8 KiB) rejects some real-world responses (long CSP or
 // cookie headers); 64 KiB is still a small bound.
 constexpr std::uint32_t max_response_header = 64 * 1024;
+// Bytes read but not yet parsed at most. Beast 1.74 parses a chunk-size
+// line (with its extensions) and the trailers only once they are whole, and
+// limits neither: without a bound on the read buffer a receiver could grow
+// it for ever. A head must fit, hence the header limit plus a read's slack.
+constexpr std::size_t max_unparsed = max_response_header + 16 * 1024;
 
 // A Beast body type that keeps only the first `keep` bytes of the body and
 // discards the rest, so a large response costs no memory beyond the excerpt
@@ -262,6 +283,49 @@ std::string egress_refusal(const net::ip::address& address) {
 
 constexpr std::string_view egress_blocked = "egress to private addresses is blocked (block_private_addresses)";
 
+// The default resolver_function: getaddrinfo, as Asio's resolver calls it.
+resolution system_lookup(const std::string& host, const std::string& port) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_ADDRCONFIG | AI_NUMERICSERV;
+    addrinfo* list = nullptr;
+    resolution r;
+    int const rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &list);
+    if (rc != 0) {
+        r.error = rc == EAI_SYSTEM ? std::system_category().message(errno) : ::gai_strerror(rc);
+        return r;
+    }
+    for (addrinfo const* a = list; a != nullptr; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            net::ip::address_v4::bytes_type bytes{};
+            std::memcpy(bytes.data(), &reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr, bytes.size());
+            r.addresses.emplace_back(net::ip::address_v4(bytes));
+        } else if (a->ai_family == AF_INET6) {
+            auto const* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+            net::ip::address_v6::bytes_type bytes{};
+            std::memcpy(bytes.data(), &in6->sin6_addr, bytes.size());
+            r.addresses.emplace_back(net::ip::address_v6(bytes, in6->sin6_scope_id));
+        }
+    }
+    ::freeaddrinfo(list);
+    if (r.addresses.empty()) r.error = "no addresses";
+    return r;
+}
+
+// How a lookup thread hands its answer to the loop (see the top of the file).
+struct lookup_channel {
+    std::mutex mutex;
+    bool open = true;  // false once the client is gone: the answer is dropped
+};
+
+// "300 ms", or "200 ms (the attempt's deadline)" when the request's own
+// deadline came before the timeout, for timeout messages.
+std::string budget_text(clock_type::duration budget, bool cut_by_deadline) {
+    auto const ms = std::chrono::duration_cast<std::chrono::milliseconds>(budget).count();
+    return cut_by_deadline ? fmt::format("{} ms (the attempt's deadline)", ms) : fmt::format("{} ms", ms);
+}
+
 // Everything about the endpoint a connection needs, computed once.
 struct client_config {
     endpoint_url endpoint;
@@ -286,6 +350,8 @@ public:
     virtual void close() noexcept = 0;
     // Cancels whatever the connection is doing; its request fails.
     virtual void abort() = 0;
+    // The pool's lookup answered (generation: the connection's, when it asked).
+    virtual void on_lookup(std::uint64_t generation, const resolution& r) = 0;
 };
 
 class pool : public std::enable_shared_from_this<pool> {
@@ -293,7 +359,10 @@ public:
     pool(net::io_context& ioc, endpoint_url endpoint, client_options options);
     pool(const pool&) = delete;
     pool& operator=(const pool&) = delete;
-    ~pool() = default;
+    ~pool() {
+        std::lock_guard const lock(channel_->mutex);
+        channel_->open = false;
+    }
 
     void post(outgoing_request&& request, std::function<void(response_summary)>&& done);
     [[nodiscard]] std::size_t in_flight() const noexcept { return queue_.size() + busy_.size(); }
@@ -309,8 +378,13 @@ public:
     void finished(connection_base& c, bool reusable, std::function<void(response_summary)>&& done,
                   response_summary&& summary);
     void forget(const connection_base* c) noexcept;
+    // Looks the endpoint's host up (or joins the lookup in progress); c's
+    // on_lookup runs with the answer unless drop_lookup(c) came first.
+    void lookup(std::shared_ptr<connection_base> c, std::uint64_t generation);
+    void drop_lookup(const connection_base* c) noexcept;
 
 private:
+    void on_lookup(resolution&& r);
     void dispatch();
     void fail_later(std::function<void(response_summary)>&& done, clock_type::time_point posted, std::string error);
     [[nodiscard]] std::shared_ptr<connection_base> make_connection();
@@ -323,6 +397,9 @@ private:
     std::vector<connection_base*> busy_;                  // each owned by its pending handlers
     bool closed_ = false;
     bool aborted_ = false;
+    std::shared_ptr<lookup_channel> channel_ = std::make_shared<lookup_channel>();
+    bool lookup_running_ = false;
+    std::vector<std::pair<std::shared_ptr<connection_base>, std::uint64_t>> lookup_waiters_;
 };
 
 template <class stream_type>
@@ -331,7 +408,6 @@ public:
     explicit connection(std::shared_ptr<pool> owner)
         : pool_(std::move(owner)),
           config_(pool_->config()),
-          resolver_(pool_->ioc()),
           resolve_timer_(pool_->ioc()) {}
 
     ~connection() override { pool_->forget(this); }
@@ -339,8 +415,14 @@ public:
     void start(pending&& p) override {
         done_ = std::move(p.done);
         posted_ = p.posted;
+        deadline_ = p.request.deadline;
         may_retry_ = true;
         build_request(std::move(p.request));
+        if (clock_type::now() >= deadline_) {
+            // Through the loop: start() may run inside post().
+            net::post(pool_->ioc(), [self = self()] { self->not_sent("the attempt's deadline had passed"); });
+            return;
+        }
         if (stream_ && tcp_layer().socket().is_open()) {
             send();
         } else {
@@ -371,9 +453,14 @@ public:
     void close() noexcept override { close_socket(); }
 
     void abort() override {
-        resolver_.cancel();
-        resolve_timer_.cancel();
+        resolve_timer_.cancel();  // a connection waiting for a lookup fails in on_resolve_wait
         close_socket();
+    }
+
+    void on_lookup(std::uint64_t generation, const resolution& r) override {
+        if (generation != resolve_generation_ || phase_ != phase::resolving) return;
+        lookup_ = r;
+        resolve_timer_.cancel();  // wakes on_resolve_wait
     }
 
 private:
@@ -436,7 +523,10 @@ private:
         } else {
             stream_.emplace(pool_->ioc());
         }
-        connect_deadline_ = clock_type::now() + config_.options.connect_timeout;
+        auto const now = clock_type::now();
+        connect_deadline_ = std::min(now + config_.options.connect_timeout, deadline_);
+        connect_budget_ = connect_deadline_ - now;
+        connect_cut_ = connect_deadline_ == deadline_;
         if (config_.literal) {
             phase_ = phase::connecting;
             tcp::endpoint const target(*config_.literal, config_.port);
@@ -454,26 +544,33 @@ private:
             return;
         }
         phase_ = phase::resolving;
-        resolve_timed_out_ = false;
+        lookup_.reset();
         std::uint64_t const generation = ++resolve_generation_;
         resolve_timer_.expires_at(connect_deadline_);
-        resolve_timer_.async_wait([self = self(), generation](beast::error_code ec) {
-            if (ec || self->resolve_generation_ != generation || self->phase_ != phase::resolving) return;
-            self->resolve_timed_out_ = true;
-            self->resolver_.cancel();
-        });
-        resolver_.async_resolve(config_.endpoint.host, config_.endpoint.port,
-                                [self = self()](beast::error_code ec, const tcp::resolver::results_type& results) {
-                                    self->on_resolve(ec, results);
-                                });
+        resolve_timer_.async_wait(
+            [self = self(), generation](beast::error_code /*ec*/) { self->on_resolve_wait(generation); });
+        pool_->lookup(shared_from_this(), generation);
     }
 
-    void on_resolve(beast::error_code ec, const tcp::resolver::results_type& results) {
-        resolve_timer_.cancel();
-        if (ec) {
-            fail(resolve_timed_out_ ? beast::error::timeout : ec);
+    // The lookup answered (on_lookup cancelled the timer), the connect
+    // deadline came, or the client was destroyed.
+    void on_resolve_wait(std::uint64_t generation) {
+        if (generation != resolve_generation_ || phase_ != phase::resolving) return;
+        if (pool_->aborted() || !lookup_ || clock_type::now() >= connect_deadline_) {
+            pool_->drop_lookup(this);  // a late answer is dropped
+            fail(pool_->aborted() ? beast::error_code(net::error::operation_aborted) : beast::error::timeout);
             return;
         }
+        resolution const r = std::move(*lookup_);
+        lookup_.reset();
+        if (r.addresses.empty()) {
+            fail(fmt::format("resolve {}: {}", config_.endpoint.host, r.error));
+            return;
+        }
+        on_resolve(r.addresses);
+    }
+
+    void on_resolve(const std::vector<net::ip::address>& addresses) {
         phase_ = phase::connecting;
         // The guard looks at the addresses we are about to connect to, not at
         // the name: DNS may point any name anywhere, and may change its answer
@@ -482,11 +579,11 @@ private:
         std::string refused;  // "10.0.0.1 (private), ::1 (loopback)": the first few, for the message
         std::size_t refused_count = 0;
         constexpr std::size_t refused_listed = 3;
-        for (auto const& entry : results) {
+        for (auto const& address : addresses) {
             std::string why;
-            if (config_.options.block_private_addresses) why = egress_refusal(entry.endpoint().address());
+            if (config_.options.block_private_addresses) why = egress_refusal(address);
             if (why.empty()) {
-                targets.push_back(entry.endpoint());
+                targets.emplace_back(address, config_.port);
             } else if (++refused_count <= refused_listed) {
                 refused += (refused.empty() ? "" : ", ") + why;
             }
@@ -556,11 +653,20 @@ private:
     }
 
     void send() {
+        auto const now = clock_type::now();
+        if (now >= deadline_) {
+            not_sent("the attempt's deadline had passed");
+            return;
+        }
         phase_ = phase::writing;
+        response_bytes_ = 0;
         new_parser();
         // One deadline for write and read together (tcp_stream applies it to
         // every operation until it is set again).
-        tcp_layer().expires_after(config_.options.request_timeout);
+        auto const request_deadline = std::min(now + config_.options.request_timeout, deadline_);
+        request_budget_ = request_deadline - now;
+        request_cut_ = request_deadline == deadline_;
+        tcp_layer().expires_at(request_deadline);
         // Head and body in one gathered write.
         const std::array<net::const_buffer, 2> wire{net::buffer(head_), net::buffer(body_)};
         net::async_write(*stream_, wire,
@@ -583,7 +689,7 @@ private:
     void on_write(beast::error_code ec) {
         if (ec) {
             if (should_retry(ec)) {
-                retry();
+                retry(ec);
             } else {
                 fail(ec);
             }
@@ -593,9 +699,27 @@ private:
         read();
     }
 
+    // Reads piece by piece to count what the parser consumes: with the
+    // unparsed rest bounded by buffer_'s max_unparsed, that bounds every byte
+    // read for the attempt, framing and interim responses included.
     void read() {
-        http::async_read(*stream_, buffer_, *parser_,
-                         [self = self()](beast::error_code ec, std::size_t /*n*/) { self->on_read(ec); });
+        http::async_read_some(*stream_, buffer_, *parser_, [self = self()](beast::error_code ec, std::size_t n) {
+            self->on_read_some(ec, n);
+        });
+    }
+
+    void on_read_some(beast::error_code ec, std::size_t parsed) {
+        response_bytes_ += parsed;
+        if (!ec && response_bytes_ > max_response_bytes) {
+            fail(fmt::format("response from {} too large: over {} bytes read", config_.authority,
+                             max_response_bytes));
+            return;
+        }
+        if (!ec && !parser_->is_done()) {
+            read();
+            return;
+        }
+        on_read(ec);
     }
 
     void on_read(beast::error_code ec) {
@@ -605,7 +729,7 @@ private:
         }
         if (ec) {
             if (!parser_->got_some() && should_retry(ec)) {
-                retry();
+                retry(ec);
             } else {
                 fail(ec);
             }
@@ -634,10 +758,28 @@ private:
         return reused_ && may_retry_ && !pool_->aborted() && is_stale_connection_error(ec);
     }
 
-    void retry() {
+    // A new connection and the request must both fit before the attempt's
+    // deadline, or the retry could outlive the lease.
+    void retry(const beast::error_code& ec) {
         may_retry_ = false;
+        auto const need = config_.options.connect_timeout + config_.options.request_timeout;
+        if (deadline_ - clock_type::now() < need) {
+            fail(fmt::format("connection to {} lost before any response ({}); not retried on a new connection, "
+                             "which might outlive the attempt's deadline",
+                             config_.authority, ec.message()));
+            return;
+        }
         close_socket();
         connect();  // head_ and body_ still hold the whole request
+    }
+
+    // Nothing of the request was written: an idle keep-alive connection
+    // stays usable.
+    void not_sent(std::string_view why) {
+        bool const keep = reused_ && stream_ && tcp_layer().socket().is_open() && phase_ == phase::idle;
+        finish(transport_failure(pool_->aborted() ? std::string("client closed")
+                                                  : fmt::format("request to {} not sent: {}", config_.authority, why)),
+               keep);
     }
 
     void complete(bool body_complete) {
@@ -663,27 +805,27 @@ private:
         if (pool_->aborted()) {
             s = transport_failure("client closed");
         } else if (ec == beast::error::timeout) {
-            auto const connect_ms = config_.options.connect_timeout.count();
-            auto const request_ms = config_.options.request_timeout.count();
+            auto const connect_ms = budget_text(connect_budget_, connect_cut_);
+            auto const request_ms = budget_text(request_budget_, request_cut_);
             switch (phase_) {
                 case phase::resolving:
                     s = transport_failure(
-                        fmt::format("timeout after {} ms resolving {}", connect_ms, config_.endpoint.host), true);
+                        fmt::format("timeout after {} resolving {}", connect_ms, config_.endpoint.host), true);
                     break;
                 case phase::writing:
-                    s = transport_failure(fmt::format("timeout after {} ms sending request to {}", request_ms, where),
+                    s = transport_failure(fmt::format("timeout after {} sending request to {}", request_ms, where),
                                           true);
                     break;
                 case phase::reading:
                     s = transport_failure(
-                        fmt::format("timeout after {} ms waiting for response from {}", request_ms, where), true);
+                        fmt::format("timeout after {} waiting for response from {}", request_ms, where), true);
                     break;
                 case phase::handshaking:
-                    s = transport_failure(fmt::format("timeout after {} ms in TLS handshake with {}", connect_ms, where),
+                    s = transport_failure(fmt::format("timeout after {} in TLS handshake with {}", connect_ms, where),
                                           true);
                     break;
                 default:
-                    s = transport_failure(fmt::format("timeout after {} ms connecting to {}", connect_ms, where), true);
+                    s = transport_failure(fmt::format("timeout after {} connecting to {}", connect_ms, where), true);
                     break;
             }
         } else {
@@ -699,7 +841,14 @@ private:
                     s = transport_failure(fmt::format("send request to {}: {}", where, ec.message()));
                     break;
                 case phase::reading:
-                    if (ec == http::error::end_of_stream && !parser_->got_some()) {
+                    if (ec == http::error::header_limit) {
+                        s = transport_failure(
+                            fmt::format("response from {} too large: head over {} bytes", where, max_response_header));
+                    } else if (ec == http::error::buffer_overflow) {
+                        s = transport_failure(fmt::format(
+                            "response from {} too large: a chunk-size line or trailers over {} bytes", where,
+                            max_unparsed));
+                    } else if (ec == http::error::end_of_stream && !parser_->got_some()) {
                         s = transport_failure(fmt::format("connection closed by {} before any response", where));
                     } else if (ec.category() == http::make_error_code(http::error::end_of_stream).category()) {
                         s = transport_failure(fmt::format("malformed response from {}: {}", where, ec.message()));
@@ -738,19 +887,24 @@ private:
     std::shared_ptr<pool> pool_;
     const client_config& config_;  // owned by *pool_
     std::optional<stream_type> stream_;  // made by connect()
-    tcp::resolver resolver_;
-    net::steady_timer resolve_timer_;
-    beast::flat_buffer buffer_;  // reused across requests on this connection
+    net::steady_timer resolve_timer_;  // the connect deadline while waiting for a lookup
+    std::optional<resolution> lookup_;  // the lookup's answer, until on_resolve_wait takes it
+    beast::flat_buffer buffer_{max_unparsed};  // reused across requests on this connection
     std::string head_;  // request line and header fields (see http/request_head.hpp)
     std::string body_;
     std::optional<http::response_parser<excerpt_body>> parser_;
     std::function<void(response_summary)> done_;
     clock_type::time_point posted_{};
+    clock_type::time_point deadline_ = clock_type::time_point::max();  // the request's own (outgoing_request)
     clock_type::time_point connect_deadline_{};  // for resolve, connect and handshake
+    clock_type::duration connect_budget_{};      // connect_deadline_ - its start, for messages
+    clock_type::duration request_budget_{};      // the same for write + read
+    bool connect_cut_ = false;  // the budgets were cut short by deadline_
+    bool request_cut_ = false;
     phase phase_ = phase::idle;
     bool reused_ = false;     // this socket completed an exchange before
     bool may_retry_ = false;  // the one stale-connection retry is still available
-    bool resolve_timed_out_ = false;
+    std::uint64_t response_bytes_ = 0;  // parsed for the current attempt (see read())
     std::uint64_t resolve_generation_ = 0;
 };
 
@@ -846,6 +1000,43 @@ void pool::forget(const connection_base* c) noexcept {
     if (it != busy_.end()) busy_.erase(it);
 }
 
+void pool::lookup(std::shared_ptr<connection_base> c, std::uint64_t generation) {
+    lookup_waiters_.emplace_back(std::move(c), generation);
+    if (lookup_running_) return;
+    lookup_running_ = true;
+    resolver_function fn = config_.options.resolve ? config_.options.resolve : resolver_function(system_lookup);
+    auto deliver = [channel = channel_, executor = ioc_.get_executor(), owner = weak_from_this()](resolution&& r) {
+        std::lock_guard const lock(channel->mutex);
+        if (!channel->open) return;
+        net::post(executor, [owner, r = std::move(r)]() mutable {
+            if (auto const p = owner.lock()) p->on_lookup(std::move(r));
+        });
+    };
+    try {
+        std::thread([fn = std::move(fn), deliver, host = config_.endpoint.host, port = config_.endpoint.port] {
+            resolution r;
+            try {
+                r = fn(host, port);
+            } catch (const std::exception& e) {
+                r = resolution{{}, e.what()};
+            }
+            deliver(std::move(r));
+        }).detach();
+    } catch (const std::system_error& e) {
+        deliver(resolution{{}, fmt::format("cannot start a lookup thread: {}", e.what())});
+    }
+}
+
+void pool::on_lookup(resolution&& r) {
+    lookup_running_ = false;
+    auto const waiters = std::exchange(lookup_waiters_, {});
+    for (auto const& [c, generation] : waiters) c->on_lookup(generation, r);
+}
+
+void pool::drop_lookup(const connection_base* c) noexcept {
+    std::erase_if(lookup_waiters_, [c](auto const& w) { return w.first.get() == c; });
+}
+
 void pool::fail_later(std::function<void(response_summary)>&& done, clock_type::time_point posted, std::string error) {
     net::post(ioc_, [done = std::move(done), posted, error = std::move(error)]() mutable {
         response_summary s = transport_failure(std::move(error));
@@ -865,6 +1056,10 @@ void pool::close() {
 void pool::abort() {
     close();
     aborted_ = true;
+    {
+        std::lock_guard const lock(channel_->mutex);
+        channel_->open = false;  // the client may be destroyed next, then the io_context
+    }
     std::vector<connection_base*> const busy = busy_;  // abort() never destroys synchronously
     for (connection_base* c : busy) c->abort();
 }

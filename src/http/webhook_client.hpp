@@ -11,14 +11,33 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
 
 #include "core/event.hpp"
 #include "core/tls_settings.hpp"
 #include "core/url.hpp"
 
 namespace outboxd::http {
+
+// Bytes read for one request's response at most, everything included
+// (status lines and headers of interim and final responses, chunk-size
+// lines and their extensions, trailers, body). Past it the attempt fails as
+// a transport error ("response ... too large"). The body itself is read up
+// to 1 MiB (only max_body_excerpt of it kept), which reports the status.
+inline constexpr std::size_t max_response_bytes = 4 * 1024 * 1024;
+
+// What a name lookup found: the addresses, or why there are none.
+struct resolution {
+    std::vector<boost::asio::ip::address> addresses;
+    std::string error;  // for the message when addresses is empty
+};
+// A blocking name lookup of (host, port). It runs on a thread of its own,
+// never the io_context's; its answer is dropped once the attempt's connect
+// deadline has passed.
+using resolver_function = std::function<resolution(const std::string& host, const std::string& port)>;
 
 struct client_options {
     std::size_t max_connections = 32;                         // concurrent requests at most
@@ -31,11 +50,18 @@ struct client_options {
     // every address DNS returns (see core/address_policy.hpp); a request
     // with none left fails as a transport error.
     bool block_private_addresses = false;
+    // Name lookups; empty = getaddrinfo. Tests put a slow one here.
+    resolver_function resolve{};
 };
 
 struct outgoing_request {
     std::string body;        // sent as-is, Content-Type: application/json
     header_list headers;     // extra headers (already validated by the caller)
+    // The attempt ends by this instant at the latest (the relay passes the
+    // end of the event's lease, less a margin): no connect, write or retry
+    // starts after it, and connect_timeout and request_timeout are cut short
+    // by it.
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 struct response_summary {

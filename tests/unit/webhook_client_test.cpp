@@ -9,12 +9,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -59,6 +61,7 @@ struct reply {
         raw,                // write `raw` bytes, then close
         raw_keep,           // write `raw` bytes, keep the connection open
         raw_split_keep,     // write `raw` up to its blank line, pause, write the rest; keep open
+        stream,             // write `raw`, then the server's stream_repeat until the client stops reading
     };
     kind what = kind::respond;
     test_response response;
@@ -108,6 +111,12 @@ public:
     int open = 0;      // connections currently open (as far as the server knows)
     int max_open = 0;  // highest `open` seen
     std::vector<test_request> seen;
+    // kind::stream: bytes written (accepted by the kernel), and whether a
+    // write failed because the client closed.
+    static constexpr std::size_t stream_limit = 64 * 1024 * 1024;
+    std::string stream_repeat;
+    std::size_t streamed = 0;
+    bool stream_ended = false;
 
 private:
     struct session : std::enable_shared_from_this<session> {
@@ -163,6 +172,17 @@ private:
                                          });
                                      });
                     return;
+                case reply::kind::stream:
+                    // A small send buffer, so that what the server counts as
+                    // written is close to what the client has read.
+                    stream_.socket().set_option(net::socket_base::send_buffer_size(16 * 1024));
+                    net::async_write(stream_, net::buffer(reply_.raw),
+                                     [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                                         self->server_.streamed += n;
+                                         if (ec) return self->shut();
+                                         self->stream_more();
+                                     });
+                    return;
                 case reply::kind::raw_keep:
                     net::async_write(stream_, net::buffer(reply_.raw),
                                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
@@ -188,6 +208,24 @@ private:
             }
         }
 
+        // Writes stream_repeat in 64 KiB slices until a write fails (the client
+        // has closed) or stream_limit is reached (a safety bound for a
+        // client that reads everything; the connection then closes).
+        void stream_more() {
+            if (server_.streamed >= test_server::stream_limit) return;
+            if (slice_.empty()) {
+                while (slice_.size() < 64 * 1024) slice_ += server_.stream_repeat;
+            }
+            net::async_write(stream_, net::buffer(slice_), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                self->server_.streamed += n;
+                if (ec) {
+                    self->server_.stream_ended = true;
+                    return self->shut();
+                }
+                self->stream_more();
+            });
+        }
+
         void shut() {
             if (closed_) return;
             closed_ = true;
@@ -201,6 +239,7 @@ private:
         beast::tcp_stream stream_;
         net::steady_timer pause_;
         std::size_t split_ = 0;
+        std::string slice_;
         beast::flat_buffer buffer_;
         test_request request_;
         reply reply_;
@@ -393,6 +432,57 @@ TEST_CASE("webhook_client: a huge response body keeps the status and excerpt, th
 
     CHECK(post_and_wait(ioc, client, json("{}")).status == 200);
     CHECK(server.accepts == 2);  // the first connection was not reused
+}
+
+// A receiver that never stops sending costs a bounded read, whatever part
+// of the response it stretches (Beast 1.74 itself limits neither chunk
+// extensions nor trailers): the attempt fails promptly as a transport error.
+// What the server managed to write is what the client read plus the
+// kernel's socket buffers on both sides.
+void check_endless_response(std::string prefix, std::string repeat) {
+    net::io_context ioc;
+    test_server server(ioc);
+    server.behaviour = [&](const test_request&, int, int) { return reply{reply::kind::stream, {}, prefix}; };
+    server.stream_repeat = std::move(repeat);
+    client_options o = fast_options();
+    o.request_timeout = 3s;
+    webhook_client client(ioc, parse_endpoint_url(server.url()), o);
+
+    response_summary const r = post_and_wait(ioc, client, json("{}"));
+    CAPTURE(r.error);
+    CHECK(r.transport_error);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.status == 0);
+    CHECK(r.error.find("too large") != std::string::npos);
+    CHECK(r.elapsed < 2s);
+    CHECK(run_until(ioc, [&] { return server.stream_ended; }, 2s));
+    constexpr std::size_t socket_buffers = 1024 * 1024;  // measured: under 200 KiB beyond what was read
+    CAPTURE(server.streamed);
+    CHECK(server.streamed < outboxd::http::max_response_bytes + socket_buffers);
+}
+
+TEST_CASE("webhook_client: an endless chunk extension is cut off, not buffered") {
+    check_endless_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;x=", "a");
+}
+
+TEST_CASE("webhook_client: an endless trailer is cut off, not buffered") {
+    check_endless_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n",
+                           "X-Padding: padding-padding-padding\r\n");
+}
+
+TEST_CASE("webhook_client: endless chunk framing around a small body stops at max_response_bytes") {
+    // 1 body byte per ~1 KiB on the wire: the 1 MiB body limit alone would
+    // let a gigabyte through.
+    check_endless_response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                           "1;ext=" + std::string(1000, 'e') + "\r\nz\r\n");
+}
+
+TEST_CASE("webhook_client: endless interim 1xx responses stop at max_response_bytes") {
+    check_endless_response("", "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n");
+}
+
+TEST_CASE("webhook_client: an endless response head is cut off") {
+    check_endless_response("HTTP/1.1 200 OK\r\n", "X-Padding: padding-padding-padding\r\n");
 }
 
 TEST_CASE("webhook_client: Retry-After is captured raw") {
@@ -798,4 +888,208 @@ TEST_CASE("webhook_client: without block_private_addresses a loopback server is 
     CHECK_FALSE(r.transport_error);
     CHECK(r.status == 200);
     CHECK(server.accepts == 1);
+}
+
+// ---- name lookups and the attempt's deadline ---------------------------
+
+// A name lookup that sleeps, then answers 127.0.0.1. It runs on the
+// client's lookup thread; it tells the test through the loop (a posted
+// handler), so run_until sees it, and touches nothing after that post.
+struct lookup_probe {
+    bool started = false;   // set on the loop thread
+    bool returned = false;  // set on the loop thread, after the lookup's last use of ioc
+    std::atomic<int> calls{0};
+};
+
+outboxd::http::resolver_function slow_lookup(net::io_context& ioc, std::shared_ptr<lookup_probe> probe,
+                                             std::chrono::milliseconds delay) {
+    return [&ioc, probe, delay](const std::string&, const std::string&) {
+        ++probe->calls;
+        net::post(ioc, [probe] { probe->started = true; });
+        std::this_thread::sleep_for(delay);  // the slow DNS server this test is about
+        net::post(ioc, [probe] { probe->returned = true; });
+        return outboxd::http::resolution{{net::ip::make_address("127.0.0.1")}, {}};
+    };
+}
+
+std::string localhost_url(const test_server& server) {
+    std::string url = server.url();
+    url.replace(url.find("127.0.0.1"), 9, "localhost");
+    return url;
+}
+
+outgoing_request json_by(std::string body, std::chrono::steady_clock::time_point deadline) {
+    outgoing_request r = json(std::move(body));
+    r.deadline = deadline;
+    return r;
+}
+
+TEST_CASE("webhook_client: a lookup slower than connect_timeout fails at the deadline and never connects later") {
+    net::io_context ioc;
+    test_server server(ioc);
+    auto probe = std::make_shared<lookup_probe>();
+    client_options o = fast_options();
+    o.connect_timeout = 300ms;
+    o.resolve = slow_lookup(ioc, probe, 1500ms);
+    webhook_client client(ioc, parse_endpoint_url(localhost_url(server)), o);
+
+    response_summary const r = post_and_wait(ioc, client, json("{}"));
+    CAPTURE(r.error);
+    CHECK(r.transport_error);
+    CHECK(r.timed_out);
+    CHECK(r.error == "timeout after 300 ms resolving localhost");
+    CHECK(r.elapsed >= 250ms);
+    CHECK(r.elapsed < 1000ms);  // the lookup itself takes 1500 ms
+    // The late answer is dropped: no connection, no request.
+    REQUIRE(run_until(ioc, [&] { return probe->returned; }));
+    CHECK_FALSE(run_until(ioc, [&] { return server.accepts > 0; }, 300ms));
+    CHECK(server.seen.empty());
+    CHECK(probe->calls == 1);
+}
+
+TEST_CASE("webhook_client: a slow lookup for one endpoint does not hold up another's") {
+    net::io_context ioc;
+    test_server slow_server(ioc);
+    test_server fast_server(ioc);
+    auto probe = std::make_shared<lookup_probe>();
+    client_options slow_options = fast_options();
+    slow_options.resolve = slow_lookup(ioc, probe, 1500ms);
+    webhook_client slow(ioc, parse_endpoint_url(localhost_url(slow_server)), slow_options);
+    webhook_client fast(ioc, parse_endpoint_url(localhost_url(fast_server)), fast_options());  // getaddrinfo
+
+    result_slot slow_result;
+    slow.post(json("slow"), slow_result.callback());
+    REQUIRE(run_until(ioc, [&] { return probe->started; }));
+    response_summary const r = post_and_wait(ioc, fast, json("fast"));
+    CHECK(r.status == 200);
+    CHECK(r.elapsed < 1000ms);
+    CHECK_FALSE(slow_result.done());  // still resolving
+    // Within connect_timeout, the slow lookup's answer is used.
+    REQUIRE(run_until(ioc, [&] { return slow_result.done() && probe->returned; }));
+    CHECK(slow_result.value->status == 200);
+}
+
+TEST_CASE("webhook_client: destroying the client during a lookup calls done once and drops the late answer") {
+    net::io_context ioc;
+    test_server server(ioc);
+    auto probe = std::make_shared<lookup_probe>();
+    client_options o = fast_options();
+    o.resolve = slow_lookup(ioc, probe, 500ms);
+    result_slot slot;
+    {
+        webhook_client client(ioc, parse_endpoint_url(localhost_url(server)), o);
+        client.post(json("{}"), slot.callback());
+        REQUIRE(run_until(ioc, [&] { return probe->started; }));
+    }
+    REQUIRE(run_until(ioc, [&] { return slot.done(); }));
+    CHECK(slot.calls == 1);
+    CHECK(slot.value->error == "client closed");
+    REQUIRE(run_until(ioc, [&] { return probe->returned; }));
+    CHECK_FALSE(run_until(ioc, [&] { return server.accepts > 0; }, 300ms));
+}
+
+TEST_CASE("webhook_client: a lookup ends at the request's deadline when that comes before connect_timeout") {
+    net::io_context ioc;
+    test_server server(ioc);
+    auto probe = std::make_shared<lookup_probe>();
+    client_options o = fast_options();  // connect_timeout 5 s
+    o.resolve = slow_lookup(ioc, probe, 1000ms);
+    webhook_client client(ioc, parse_endpoint_url(localhost_url(server)), o);
+
+    response_summary const r =
+        post_and_wait(ioc, client, json_by("{}", std::chrono::steady_clock::now() + 200ms));
+    CAPTURE(r.error);
+    CHECK(r.transport_error);
+    CHECK(r.timed_out);
+    CHECK(r.error.find("resolving localhost") != std::string::npos);
+    CHECK(r.elapsed < 700ms);
+    REQUIRE(run_until(ioc, [&] { return probe->returned; }));
+    CHECK_FALSE(run_until(ioc, [&] { return server.accepts > 0; }, 300ms));
+}
+
+TEST_CASE("webhook_client: a request whose deadline has passed is not sent") {
+    net::io_context ioc;
+    test_server server(ioc);
+    webhook_client client(ioc, parse_endpoint_url(server.url()), fast_options());
+
+    SUBCASE("on a new connection") {
+        response_summary const r = post_and_wait(ioc, client, json_by("{}", std::chrono::steady_clock::now()));
+        CAPTURE(r.error);
+        CHECK(r.transport_error);
+        CHECK(r.error.find("not sent") != std::string::npos);
+        settle(ioc);
+        CHECK(server.accepts == 0);
+    }
+    SUBCASE("on a kept-alive connection") {
+        CHECK(post_and_wait(ioc, client, json("first")).status == 200);
+        response_summary const r = post_and_wait(ioc, client, json_by("late", std::chrono::steady_clock::now()));
+        CAPTURE(r.error);
+        CHECK(r.transport_error);
+        CHECK(r.error.find("not sent") != std::string::npos);
+        settle(ioc);
+        CHECK(server.seen.size() == 1);
+    }
+}
+
+TEST_CASE("webhook_client: the deadline cuts the wait for a response short") {
+    net::io_context ioc;
+    test_server server(ioc);
+    server.behaviour = [](const test_request&, int, int) { return reply{reply::kind::hold, make_response(200), {}}; };
+    webhook_client client(ioc, parse_endpoint_url(server.url()), fast_options());  // request_timeout 5 s
+
+    response_summary const r = post_and_wait(ioc, client, json_by("{}", std::chrono::steady_clock::now() + 300ms));
+    CAPTURE(r.error);
+    CHECK(r.transport_error);
+    CHECK(r.timed_out);
+    CHECK(r.error.find("waiting for response") != std::string::npos);
+    CHECK(r.elapsed >= 250ms);
+    CHECK(r.elapsed < 1000ms);
+    server.release_held();
+}
+
+// The race of a server closing an idle keep-alive connection just as a
+// request goes out (see "retried once on a fresh one" above), with the
+// attempt's deadline near or far.
+TEST_CASE("webhook_client: a reused connection dropped late in the attempt's budget is not retried") {
+    net::io_context ioc;
+    test_server server(ioc);
+    server.behaviour = [](const test_request&, int connection, int index) {
+        if (connection == 1 && index == 1) return reply{reply::kind::close, {}, {}};
+        return respond(200, "ok");
+    };
+    client_options o = fast_options();
+    o.connect_timeout = 1s;
+    o.request_timeout = 1s;
+    webhook_client client(ioc, parse_endpoint_url(server.url()), o);
+    CHECK(post_and_wait(ioc, client, json("first")).status == 200);
+
+    // A fresh connect plus request would need up to 2 s; only 1.5 s are left.
+    auto const deadline = std::chrono::steady_clock::now() + 1500ms;
+    response_summary const r = post_and_wait(ioc, client, json_by("second", deadline));
+    CAPTURE(r.error);
+    CHECK(r.transport_error);
+    CHECK(r.error.find("not retried") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() < deadline);
+    CHECK_FALSE(run_until(ioc, [&] { return server.accepts > 1; }, 300ms));
+    CHECK(server.seen.size() == 2);  // no second copy of "second"
+}
+
+TEST_CASE("webhook_client: a reused connection dropped early in the attempt's budget is retried as before") {
+    net::io_context ioc;
+    test_server server(ioc);
+    server.behaviour = [](const test_request&, int connection, int index) {
+        if (connection == 1 && index == 1) return reply{reply::kind::close, {}, {}};
+        return respond(200, "ok");
+    };
+    client_options o = fast_options();
+    o.connect_timeout = 1s;
+    o.request_timeout = 1s;
+    webhook_client client(ioc, parse_endpoint_url(server.url()), o);
+    CHECK(post_and_wait(ioc, client, json("first")).status == 200);
+
+    response_summary const r = post_and_wait(ioc, client, json_by("second", std::chrono::steady_clock::now() + 10s));
+    CHECK(r.status == 200);
+    CHECK(server.accepts == 2);
+    REQUIRE(server.seen.size() == 3);
+    CHECK(server.seen[2].body() == "second");
 }
