@@ -17,7 +17,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-"$root/scripts/build.sh"
+# The binary only: tests and benchmarks are not needed to watch it run.
+"$root/scripts/build.sh" outboxd:executable
 
 if [[ -z ${DATABASE_URL:-} ]]; then
   pgdir=$(mktemp -d /tmp/outboxd-demo.XXXXXX)

@@ -98,10 +98,13 @@ print(s.getsockname()[1])
 '
 }
 
+# SO_REUSEADDR as PostgreSQL binds: a port left in TIME_WAIT (the server
+# closed connections when it stopped) is free for it, so the cluster keeps it.
 port_is_free() {
   "$(pick_python)" - "$1" <<'PY'
 import socket, sys
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
     s.bind(("127.0.0.1", int(sys.argv[1])))
 except OSError:
