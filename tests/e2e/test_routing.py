@@ -215,3 +215,33 @@ def test_a_relay_leaves_alone_deliveries_for_destinations_it_does_not_know(db, r
         assert [r.headers["outbox-attempt"] for r in b.snapshot()] == ["1"]
         assert a.snapshot() == [], "a had delivered it already before the fan-out"
         assert old.alive()
+
+
+def test_an_unroutable_event_does_not_hold_back_its_key_and_follows_the_configured_retries(db, relay, outboxd,
+                                                                                        tmp_path):
+    """`cart` has no route. Keyed, it would block every later event of its
+    key until its attempts run out: it goes to dead letters at once, with
+    the reason, and the routed event of the same key goes out. Unkeyed, it
+    harms nobody: it stays for a relay whose routes match, on the configured
+    retry schedule (here 2 attempts), not a built-in one."""
+    config = ('[defaults.retry]\nbase = "100ms"\ncap = "100ms"\nmax_attempts = 2\n\n'
+              '[destinations.a]\nurl = "{url}"\n\n'
+              '[[routes]]\ntopics = ["order.*"]\ndestinations = ["a"]\n')
+    with Receiver() as a:
+        relay(None, "--config", write_config(tmp_path, config.format(url=a.url)), "--sweep-interval", "1h")
+        poison = db.enqueue("cart", {"n": 1}, key="cust-1")
+        routed = db.enqueue("order.created", {"n": 2}, key="cust-1")
+        assert wait_delivered(a, [routed], 10), "the routed event waited behind the unroutable one of its key"
+        dead = {d["id"]: d for d in db.dead_letters()}
+        assert poison in dead, dead
+        assert "no route matches topic 'cart'" in dead[poison]["last_error"], dead[poison]
+        assert dead[poison]["attempts"] == 1, dead[poison]
+
+        stray = db.enqueue("cart", {"n": 3})
+        assert wait_until(lambda: stray in {d["id"] for d in db.dead_letters()}, 10), db.events()
+        assert {d["id"]: d["attempts"] for d in db.dead_letters()}[stray] == 2
+        assert db.wait_empty(timeout=5), db.events()
+
+        # Re-routing a poison event: replay it once a route matches.
+        replay = outboxd("dead", "replay", "--id", str(poison), "--database-url", db.url, "--schema", db.schema)
+        assert replay.rc == 0, replay
