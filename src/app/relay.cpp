@@ -756,13 +756,27 @@ private:
     }
 
     // No route matches the topic. Not lost: the event stays in the outbox,
-    // retried on the usual schedule with the reason in last_error (shown by
-    // `outboxd status`), so a relay with a newer configuration picks it up;
-    // when the attempts run out it becomes a dead letter, to be replayed.
+    // retried on the [defaults.retry] schedule with the reason in last_error
+    // (shown by `outboxd status`), so a relay with a newer configuration
+    // picks it up; when the attempts run out it becomes a dead letter, to be
+    // replayed. With an ordering key it would hold back every later event of
+    // its key meanwhile: it becomes a dead letter at once instead.
     void unroutable(const event& e) {
         const pg::lease_ref ref{e.id, e.attempt};
+        if (e.ordering_key) {
+            const auto why = fmt::format("no route matches topic '{}'; dead-lettered at once so that it does not "
+                                         "hold back the later events of its ordering key (replay it once a route "
+                                         "matches)",
+                                         e.topic);
+            log::warn("no route for a keyed event; moved to dead letters",
+                      {{"event_id", fmt::format("{}", e.id)}, {"topic", e.topic}});
+            pending_.dead.push_back({ref, why, std::nullopt, {}});
+            pending_.unblocks_key = true;
+            finished();
+            return;
+        }
         const auto why = fmt::format("no route matches topic '{}'", e.topic);
-        const auto outcome = classify_attempt({true, 0, why, {}, {}}, e.attempt, fallback_retry_, unit_(rng_),
+        const auto outcome = classify_attempt({true, 0, why, {}, {}}, e.attempt, cfg_.default_retry, unit_(rng_),
                                               std::chrono::system_clock::now());
         log::warn("no route for event; it stays in the outbox",
                   {{"event_id", fmt::format("{}", e.id)}, {"topic", e.topic}, {"attempt", fmt::format("{}", e.attempt)}});
@@ -903,9 +917,6 @@ private:
     relay_options opts_;
     const config& cfg_;
     route_table routes_;
-    // For what no destination's policy covers: unroutable events, deliveries
-    // to a destination this relay does not know.
-    retry_policy fallback_retry_;
     net::io_context ioc_;
     // Claims and outcome writes run on connections (and threads) of their
     // own, so a claim never queues behind a batch of acknowledgements.

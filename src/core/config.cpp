@@ -1052,6 +1052,11 @@ config resolve_config(const config_sources& sources) {
         c.destinations.push_back(to_config(std::move(d)));
     }
     c.routes = std::move(routes);
+    c.default_retry.base = defaults.retry_base.value;
+    c.default_retry.cap = defaults.retry_cap.value;
+    c.default_retry.max_attempts = defaults.max_attempts.value;
+    c.default_retry.permanent_statuses = defaults.permanent_statuses.value;
+    c.default_retry.throttle_statuses = defaults.throttle_statuses.value;
     return c;
 }
 

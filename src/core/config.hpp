@@ -81,6 +81,9 @@ struct config {
     bool block_private_addresses = false; // egress (SSRF) guard
     std::vector<destination_config> destinations;
     std::vector<route_config> routes;
+    // [defaults.retry] after environment and flags: the schedule of what no
+    // destination's own covers (events no route matches).
+    retry_policy default_retry;
 };
 
 // Where settings come from. Each lookup returns nullopt when absent; an
