@@ -214,6 +214,7 @@ Exit codes:
   2 usage or configuration error          3 database unavailable
   4 outbox not installed or older than this binary (run `outboxd migrate`)
   5 outbox schema newer than this binary  6 invalid input data
+  7 the database role lacks a privilege (see config/grants.sql)
   130 a second SIGINT/SIGTERM cut the graceful shutdown short
 )";
 }

@@ -137,16 +137,6 @@ std::unique_ptr<pqxx::connection> connect(const std::string& dsn) {
     }
 }
 
-// The server's primary message of an error: its first line without the
-// "ERROR:  " severity, not the CONTEXT lines that quote whole statements.
-std::string primary_message(std::string_view what) {
-    auto line = what.substr(0, what.find('\n'));
-    for (const std::string_view severity : {"ERROR:  ", "FATAL:  "}) {
-        if (line.starts_with(severity)) line.remove_prefix(severity.size());
-    }
-    return one_line(line);
-}
-
 // ---- commands -------------------------------------------------------------
 
 int cmd_sql(const parsed_args& args) {
@@ -418,6 +408,11 @@ int run_main(int argc, const char* const* argv) noexcept {
     } catch (const fatal_error& e) {
         report(e.what());
         return e.code;
+    } catch (const pqxx::insufficient_privilege& e) {
+        // SQLSTATE 42501; libpqxx 6.4 throws this class without the code.
+        const auto error = permission_denied(primary_message(e.what()));
+        report(error.what());
+        return error.code;
     } catch (const std::exception& e) {
         report(fmt::format("unexpected error (a bug: please report it): {}", e.what()));
         return exit_internal;

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -18,6 +19,7 @@ enum exit_code : int {
     exit_schema_missing = 4,     // outbox not installed, or older than this binary: run `outboxd migrate`
     exit_schema_too_new = 5,     // the schema was migrated by a newer outboxd
     exit_invalid_input = 6,      // `enqueue` given data the outbox refuses (malformed JSON, ...)
+    exit_permission_denied = 7,  // the database role lacks a privilege (see config/grants.sql)
     exit_forced = 130,           // a second SIGINT/SIGTERM cut the graceful shutdown short
 };
 
@@ -26,6 +28,15 @@ struct fatal_error : std::runtime_error {
     fatal_error(int code, const std::string& message) : std::runtime_error(message), code(code) {}
     int code;
 };
+
+// The database refused a statement for want of a privilege (SQLSTATE 42501):
+// its message names the object ("permission denied for schema outbox").
+[[nodiscard]] inline fatal_error permission_denied(std::string_view server_message) {
+    return fatal_error(exit_permission_denied,
+                       fmt::format("{}: the database role lacks a privilege; config/grants.sql lists the grants each "
+                                   "role needs (README: Database privileges)",
+                                   server_message));
+}
 
 // The first connection failed: the password is cut out of both the
 // connection string and libpq's message.

@@ -31,6 +31,7 @@
 #include "core/rate_meter.hpp"
 #include "core/routing.hpp"
 #include "core/sql_ident.hpp"
+#include "core/text.hpp"
 #include "core/webhook_request.hpp"
 #include "pg/listener.hpp"
 #include "pg/store.hpp"
@@ -228,6 +229,8 @@ private:
             throw;
         } catch (const pqxx::broken_connection& e) {
             throw database_unavailable(e, opts_.dsn);
+        } catch (const pqxx::insufficient_privilege& e) {
+            throw permission_denied(primary_message(e.what()));
         } catch (const std::exception& e) {
             throw fatal_error(exit_db_unavailable,
                               fmt::format("database error at startup: {}", scrub_secrets(e.what(), opts_.dsn)));

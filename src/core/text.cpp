@@ -73,4 +73,12 @@ std::string one_line(std::string_view s) {
     return out;
 }
 
+std::string primary_message(std::string_view server_error) {
+    auto line = server_error.substr(0, server_error.find('\n'));
+    for (const std::string_view severity : {"ERROR:  ", "FATAL:  "}) {
+        if (line.starts_with(severity)) line.remove_prefix(severity.size());
+    }
+    return one_line(line);
+}
+
 }  // namespace outboxd

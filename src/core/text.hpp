@@ -21,4 +21,9 @@ namespace outboxd {
 // line break becomes one space; leading and trailing whitespace goes.
 [[nodiscard]] std::string one_line(std::string_view s);
 
+// The primary message of a PostgreSQL error as libpq words it: the first
+// line without its "ERROR:  " severity, not the CONTEXT lines after it
+// (they quote whole statements).
+[[nodiscard]] std::string primary_message(std::string_view server_error);
+
 }  // namespace outboxd

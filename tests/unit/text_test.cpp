@@ -181,3 +181,10 @@ TEST_CASE("one_line: libpq's multi-line messages on one line") {
     CHECK(outboxd::one_line("\n") == "");
     CHECK(outboxd::one_line("") == "");
 }
+
+TEST_CASE("primary_message: the server's first line, without severity or context") {
+    CHECK(outboxd::primary_message("ERROR:  permission denied for schema x\nLINE 18: FROM \"x\".events e\n   ^\n") ==
+          "permission denied for schema x");
+    CHECK(outboxd::primary_message("FATAL:  role \"r\" does not exist\n") == "role \"r\" does not exist");
+    CHECK(outboxd::primary_message("no severity") == "no severity");
+}
