@@ -13,7 +13,7 @@ import pytest
 from psycopg2 import sql
 
 from conftest import (EXIT_DB_UNAVAILABLE, EXIT_INVALID_INPUT, EXIT_OK, EXIT_SCHEMA_MISSING,
-                      EXIT_SCHEMA_NEWER, EXIT_USAGE, Db, admin_execute, clean_env, schema_exists)
+                      EXIT_SCHEMA_NEWER, EXIT_USAGE, REPO, Db, admin_execute, clean_env, schema_exists)
 from helpers import closed_port, wait_delivered
 
 PASSWORD = "s3cret-pw"
@@ -241,6 +241,32 @@ def _apply_with_psql(url: str, script: str) -> None:
     p = subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-f", "-"],
                        input=script, capture_output=True, text=True, timeout=30, env=clean_env())
     assert p.returncode == 0, f"psql failed ({p.returncode}):\n{p.stderr}"
+
+
+def test_the_sql_files_applied_one_by_one_with_psql_yield_a_current_outbox(outboxd, database_url, make_schema,
+                                                                         receiver, relay):
+    """What the README offers to users of their own migration tools: the
+    files of sql/, in order, each on its own. Each records itself, so
+    `outboxd migrate` finds nothing to do and `outboxd run` starts."""
+    name = make_schema(migrate=False)
+    psql = shutil.which("psql") or "/usr/lib/postgresql/15/bin/psql"
+    files = sorted((REPO / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    assert len(files) >= 3, files
+    for f in files:
+        p = subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"schema={name}", "-d", database_url,
+                            "-1", "-f", str(f)], capture_output=True, text=True, timeout=30, env=clean_env())
+        assert p.returncode == 0, f"{f.name}: {p.stderr}"
+    db = Db(database_url, name)
+    try:
+        versions = [r["version"] for r in db.query("SELECT version FROM {s}.schema_migrations ORDER BY 1")]
+        assert versions == list(range(1, len(files) + 1)), versions
+        m = outboxd("--database-url", database_url, "--schema", name, "migrate")
+        assert m.rc == EXIT_OK and "up to date" in m.stderr, m
+        relay(receiver, "--sweep-interval", "1h", schema=name)
+        event_id = db.enqueue("t", {"n": 1})
+        assert wait_delivered(receiver, [event_id], timeout=10)
+    finally:
+        db.close()
 
 
 @pytest.mark.parametrize("apply_with", ["psql", "psycopg2"])
