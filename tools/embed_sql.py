@@ -3,8 +3,10 @@
 C++ source file, so the binary can never drift from sql/.
 
 Refuses (exit 1) a migration file whose name does not match NNNN_name.sql, a
-duplicate number, a gap in the numbering, a query block without a name, and
-duplicate query names. Used by meson; no third-party modules.
+duplicate number, a gap in the numbering, a migration that does not record
+itself in schema_migrations as its last statement (see record_line), a query
+block without a name, and duplicate query names. Used by meson; no
+third-party modules.
 """
 import argparse
 import pathlib
@@ -21,6 +23,14 @@ def fail(message):
     sys.exit(1)
 
 
+def record_line(version, name):
+    """The statement every migration ends with: applied on its own (psql,
+    another migration tool) it leaves the outbox as `outboxd migrate` would.
+    `outboxd migrate` records the version first, so then it does nothing."""
+    return (f"INSERT INTO :\"schema\".schema_migrations (version, name) VALUES ({version}, '{name}')\n"
+            f"    ON CONFLICT (version) DO NOTHING;")
+
+
 def load_migrations(paths):
     found = {}
     for path in paths:
@@ -31,7 +41,10 @@ def load_migrations(paths):
         version = int(match.group(1))
         if version in found:
             fail(f"{path}: duplicate migration number {version:04d} (also {found[version][0]})")
-        found[version] = (path, match.group(2), path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if not text.rstrip().endswith(record_line(version, match.group(2))):
+            fail(f"{path}: must end by recording itself:\n{record_line(version, match.group(2))}")
+        found[version] = (path, match.group(2), text)
     if not found:
         fail("no migrations given")
     expected = list(range(1, len(found) + 1))

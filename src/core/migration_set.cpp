@@ -30,9 +30,12 @@ std::string migration_script(std::string_view schema, std::string_view bootstrap
         "BEGIN;\n{}COMMIT;\n",
         quote_ident(schema), render_sql(bootstrap_sql, schema));
     for (const auto& m : known) {
-        out += fmt::format("\n-- migration {:04d}_{}\nBEGIN;\n{}\nINSERT INTO {}.schema_migrations (version, name) VALUES ({}, {});\nCOMMIT;\n",
-                           m.version, m.name, render_sql(m.sql, schema), quote_ident(schema), m.version,
-                           quote_literal(m.name));
+        // Recorded first, as `outboxd migrate` does: a second run of the
+        // script fails on the primary key instead of applying twice (the
+        // migration's own record at its end then does nothing).
+        out += fmt::format("\n-- migration {:04d}_{}\nBEGIN;\nINSERT INTO {}.schema_migrations (version, name) VALUES ({}, {});\n{}\nCOMMIT;\n",
+                           m.version, m.name, quote_ident(schema), m.version, quote_literal(m.name),
+                           render_sql(m.sql, schema));
     }
     return out;
 }

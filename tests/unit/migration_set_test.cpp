@@ -125,8 +125,8 @@ TEST_CASE("migration_script: exact text for one migration") {
           "\n"
           "-- migration 0001_outbox\n"
           "BEGIN;\n"
-          "CREATE TABLE \"outbox\".a (id int);\n"
           "INSERT INTO \"outbox\".schema_migrations (version, name) VALUES (1, 'outbox');\n"
+          "CREATE TABLE \"outbox\".a (id int);\n"
           "COMMIT;\n");
 }
 
@@ -143,14 +143,18 @@ TEST_CASE("migration_script: every migration in order, each in its own transacti
     REQUIRE(boot_at != std::string::npos);
     CHECK(script.find("CREATE SCHEMA IF NOT EXISTS " + quoted + ";") != std::string::npos);
 
-    // then each migration, rendered, followed by the row that records it
+    // then each migration, rendered, after the row that records it (first,
+    // as `outboxd migrate` does)
     const std::array<std::string, 3> blocks{
-        "-- migration 0001_outbox\nBEGIN;\nCREATE TABLE " + quoted + ".a (id int);\n"
-        "INSERT INTO " + quoted + ".schema_migrations (version, name) VALUES (1, 'outbox');\nCOMMIT;\n",
-        "-- migration 0002_add_b\nBEGIN;\nCREATE TABLE " + quoted + ".b (id int REFERENCES " + quoted + ".a);\n"
-        "INSERT INTO " + quoted + ".schema_migrations (version, name) VALUES (2, 'add_b');\nCOMMIT;\n",
-        "-- migration 0003_o'brien\nBEGIN;\nALTER TABLE " + quoted + ".a ADD c int;\n"
-        "INSERT INTO " + quoted + ".schema_migrations (version, name) VALUES (3, 'o''brien');\nCOMMIT;\n",
+        "-- migration 0001_outbox\nBEGIN;\n"
+        "INSERT INTO " + quoted + ".schema_migrations (version, name) VALUES (1, 'outbox');\n"
+        "CREATE TABLE " + quoted + ".a (id int);\nCOMMIT;\n",
+        "-- migration 0002_add_b\nBEGIN;\n"
+        "INSERT INTO " + quoted + ".schema_migrations (version, name) VALUES (2, 'add_b');\n"
+        "CREATE TABLE " + quoted + ".b (id int REFERENCES " + quoted + ".a);\nCOMMIT;\n",
+        "-- migration 0003_o'brien\nBEGIN;\n"
+        "INSERT INTO " + quoted + ".schema_migrations (version, name) VALUES (3, 'o''brien');\n"
+        "ALTER TABLE " + quoted + ".a ADD c int;\nCOMMIT;\n",
     };
     std::size_t previous = boot_at;
     for (const auto& block : blocks) {
@@ -229,5 +233,9 @@ TEST_CASE("migration_set: the script from the embedded SQL has no placeholder le
     const std::string script = migration_script("outbox", boot, migrations);
     CHECK(script.find(placeholder) == std::string::npos);
     CHECK(count(script, "\nBEGIN;\n") == migrations.size() + 1);
-    CHECK(count(script, "INSERT INTO \"outbox\".schema_migrations (version, name) VALUES (") == migrations.size());
+    // Each recorded twice: by the script, first, and by the migration itself,
+    // last, which then does nothing (ON CONFLICT).
+    CHECK(count(script, "INSERT INTO \"outbox\".schema_migrations (version, name) VALUES (") ==
+          2 * migrations.size());
+    CHECK(count(script, "ON CONFLICT (version) DO NOTHING;") == migrations.size());
 }
