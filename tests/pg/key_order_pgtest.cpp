@@ -1,0 +1,174 @@
+// Per-key order under concurrency: two relays and a producer or replayer,
+// with the race window forced open. Relay A's claim runs inside an explicit
+// transaction on a raw connection and stays uncommitted while the third
+// connection commits an older event of the key and relay B claims; then A
+// commits. At no point may two events of one key (at one destination) be
+// leased at once.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <future>
+
+#include <fmt/format.h>
+#include <pqxx/pqxx>
+
+#include "pg/dead_letters.hpp"
+#include "pg/migrator.hpp"
+#include "pg/store.hpp"
+#include "pg_fixture.hpp"
+
+using namespace outboxd;
+using namespace std::chrono_literals;
+using outboxd::testing::scalar;
+
+namespace {
+
+struct installed {
+    testing::scratch_schema schema{"keyorder"};
+    std::unique_ptr<pqxx::connection> admin = testing::connect();
+    installed() { (void)pg::migrate(*admin, schema.name()); }
+
+    [[nodiscard]] pg::store store(const std::string& owner) const {
+        return pg::store(testing::database_url(), schema.name(), owner);
+    }
+    std::string query(const std::string& sql_with_schema) {
+        return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
+    }
+    // Events of `key` leased right now (sent straight to their destinations).
+    int leased_events(const std::string& key) {
+        return std::stoi(query("SELECT count(*) FROM {s}.events WHERE ordering_key = '" + key +
+                               "' AND lease_owner IS NOT NULL AND available_at > now() AND NOT fanned_out"));
+    }
+    int leased_deliveries(const std::string& key, const std::string& destination) {
+        return std::stoi(query("SELECT count(*) FROM {s}.deliveries WHERE ordering_key = '" + key +
+                               "' AND destination = '" + destination +
+                               "' AND lease_owner IS NOT NULL AND available_at > now()"));
+    }
+};
+
+pg::new_event ev(std::optional<std::string> key) {
+    pg::new_event e;
+    e.topic = "orders.created";
+    e.payload = R"({"n":1})";
+    e.ordering_key = std::move(key);
+    return e;
+}
+
+// Relay A: a claim statement inside a transaction that stays open until
+// commit(), so its leases are invisible to everyone else meanwhile.
+class open_claim {
+public:
+    template <typename... Extra>
+    open_claim(const std::string& sql, const std::string& owner, Extra&&... extra)
+        : conn_(testing::connect()), tx_(*conn_) {
+        result_ = tx_.exec_params(sql, owner, 30000, std::forward<Extra>(extra)...);
+    }
+    [[nodiscard]] const pqxx::result& result() const { return result_; }
+    void commit() { tx_.commit(); }
+
+private:
+    std::unique_ptr<pqxx::connection> conn_;
+    pqxx::work tx_;
+    pqxx::result result_;
+};
+
+// Waits (with a deadline) until relay B's claim has either returned or is
+// waiting for a lock (the only session in this database that may be).
+template <typename T>
+void wait_returned_or_blocked(installed& db, std::future<T>& b) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (b.wait_for(10ms) == std::future_status::ready) return;
+        if (db.query("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND wait_event_type = 'Lock'") != "0") {
+            return;
+        }
+    }
+    FAIL("relay B's claim neither returned nor waited for a lock");
+}
+
+}  // namespace
+
+TEST_CASE("a replayed older event is not leased while another relay's uncommitted claim holds a newer one") {
+    installed db;
+    auto setup = db.store("setup");
+    auto b = db.store("relay-b");
+    const auto e1 = setup.enqueue(ev("k"));
+    const auto e2 = setup.enqueue(ev("k"));
+    auto first = setup.claim(10, 30s).events;
+    REQUIRE(first.size() == 1);
+    REQUIRE(first[0].id == e1);
+    REQUIRE(setup.bury({e1, 1}, "poison", 400, ""));
+
+    // A claims e2; its snapshot predates the replay of e1.
+    open_claim a(setup.claim_sql(16, false), "relay-a");
+    REQUIRE(a.result().size() == 2);  // e2 and the extra row
+    REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
+    // The replay commits e1 back, older than e2.
+    REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});
+    // B sees e1, and e2 without A's lease.
+    auto b_claim = std::async(std::launch::async, [&] { return b.claim(16, 30s).events; });
+    wait_returned_or_blocked(db, b_claim);
+    a.commit();
+    const auto got = b_claim.get();
+    CAPTURE(got.size());
+    CHECK(db.leased_events("k") <= 1);
+    CHECK(got.empty());
+}
+
+TEST_CASE("an older event committed after a newer one is not leased while the newer one's claim is uncommitted") {
+    installed db;
+    auto p2 = db.store("producer-2");
+    auto b = db.store("relay-b");
+    // P1 takes the older id and commits last.
+    auto p1_conn = testing::connect();
+    pqxx::work p1(*p1_conn);
+    const auto e1 = p1.exec1(fmt::format("SELECT {}.enqueue('orders.created', '{{}}', 'k')", db.schema.q()))[0]
+                        .as<std::int64_t>();
+    const auto e2 = p2.enqueue(ev("k"));
+    REQUIRE(e1 < e2);
+
+    open_claim a(b.claim_sql(16, false), "relay-a");
+    REQUIRE(a.result().size() == 2);
+    REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
+    p1.commit();
+    auto b_claim = std::async(std::launch::async, [&] { return b.claim(16, 30s).events; });
+    wait_returned_or_blocked(db, b_claim);
+    a.commit();
+    const auto got = b_claim.get();
+    CAPTURE(got.size());
+    CHECK(db.leased_events("k") <= 1);
+    CHECK(got.empty());
+}
+
+TEST_CASE("a replayed delivery is not leased while another relay's uncommitted claim holds a newer one there") {
+    installed db;
+    auto setup = db.store("setup");
+    auto b = db.store("relay-b");
+    const auto e1 = setup.enqueue(ev("k"));
+    const auto e2 = setup.enqueue(ev("k"));
+    // Both fanned out to "audit"; e1's delivery there dies.
+    REQUIRE(setup.claim(10, 30s).events.size() == 1);
+    REQUIRE(setup.fan_out({e1, 1}, std::vector{pg::owed_delivery{"audit", 0ms, 1, std::string("HTTP 500")}}, {}));
+    REQUIRE(setup.claim(10, 30s).events.size() == 1);
+    REQUIRE(setup.fan_out({e2, 1}, std::vector{pg::owed_delivery{"audit", 0ms, 0, std::nullopt}}, {}));
+    auto d1 = setup.claim_deliveries(10, 30s);
+    REQUIRE(d1.size() == 1);
+    REQUIRE(d1[0].id == e1);
+    pg::delivery_outcomes dead;
+    dead.dead.push_back({{e1, "audit", d1[0].attempt}, "HTTP 410", 410, ""});
+    REQUIRE(setup.finish_deliveries(dead) == 0);
+
+    // A claims e2@audit; its snapshot predates the replay of e1@audit.
+    open_claim a(setup.claim_deliveries_sql(16), "relay-a", "{}");  // no busy destinations
+    REQUIRE(a.result().size() == 1);
+    REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
+    REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});
+    auto b_claim = std::async(std::launch::async, [&] { return b.claim_deliveries(16, 30s); });
+    wait_returned_or_blocked(db, b_claim);
+    a.commit();
+    const auto got = b_claim.get();
+    CAPTURE(got.size());
+    CHECK(db.leased_deliveries("k", "audit") <= 1);
+    CHECK(got.empty());
+}
