@@ -172,3 +172,79 @@ TEST_CASE("a replayed delivery is not leased while another relay's uncommitted c
     CHECK(db.leased_deliveries("k", "audit") <= 1);
     CHECK(got.empty());
 }
+
+TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees nothing") {
+    installed db;
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    const auto holds = [&] { return db.query("SELECT count(*) FROM {s}.key_holds"); };
+    const auto claim_one = [&](pg::store& s) {
+        auto got = s.claim(10, 30s).events;
+        REQUIRE(got.size() == 1);
+        CHECK(holds() == "1");
+        return got[0];
+    };
+    // Wait (deadline) until a claim returns something, for retries due in 1 ms.
+    const auto claim_soon = [&](pg::store& s) {
+        const auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (std::chrono::steady_clock::now() < deadline) {
+            auto got = s.claim(10, 30s).events;
+            if (!got.empty()) {
+                CHECK(holds() == "1");
+                return got[0];
+            }
+        }
+        FAIL("nothing became claimable");
+        return event{};
+    };
+    for (int i = 0; i < 4; ++i) (void)a.enqueue(ev("k"));
+
+    auto e = claim_one(a);
+    CHECK(a.reschedule({e.id, e.attempt}, 1ms, "HTTP 500"));
+    CHECK(holds() == "0");
+    e = claim_soon(a);
+    CHECK(a.release() == 1);
+    CHECK(holds() == "0");
+    e = claim_one(a);
+    CHECK(a.complete(std::vector{pg::lease_ref{e.id, e.attempt}}).size() == 1);
+    CHECK(holds() == "0");
+    e = claim_one(a);
+    CHECK(a.bury({e.id, e.attempt}, "HTTP 410", 410, ""));
+    CHECK(holds() == "0");
+
+    // A crashed relay's hold expires with its lease; its late outcome is
+    // fenced and leaves the new holder's hold alone.
+    e = a.claim(10, 50ms).events.at(0);
+    event taken;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (taken.id == 0 && std::chrono::steady_clock::now() < deadline) {
+        auto got = b.claim(10, 30s).events;
+        if (!got.empty()) taken = got[0];
+    }
+    REQUIRE(taken.id == e.id);
+    CHECK_FALSE(a.reschedule({e.id, e.attempt}, 1ms, "late"));
+    CHECK(holds() == "1");
+    // Fanned out: the event's hold goes, each delivery takes its own.
+    CHECK(b.fan_out({taken.id, taken.attempt},
+                    std::vector{pg::owed_delivery{"audit", 0ms, 1, std::nullopt},
+                                pg::owed_delivery{"hooks", 0ms, 1, std::nullopt}},
+                    {}));
+    CHECK(holds() == "0");
+    auto d = b.claim_deliveries(10, 30s);
+    REQUIRE(d.size() == 2);
+    CHECK(holds() == "2");
+    pg::delivery_outcomes out;
+    out.retries.push_back({{d[0].id, *d[0].destination, d[0].attempt}, 1ms, "HTTP 500"});
+    out.dead.push_back({{d[1].id, *d[1].destination, d[1].attempt}, "HTTP 410", 410, ""});
+    CHECK(b.finish_deliveries(out) == 0);
+    CHECK(holds() == "0");
+    std::vector<event> again;
+    const auto retry_deadline = std::chrono::steady_clock::now() + 5s;
+    while (again.empty() && std::chrono::steady_clock::now() < retry_deadline) again = b.claim_deliveries(10, 30s);
+    REQUIRE(again.size() == 1);
+    CHECK(holds() == "1");
+    pg::delivery_outcomes delivered;
+    delivered.delivered.push_back({again[0].id, *again[0].destination, again[0].attempt});
+    CHECK(b.finish_deliveries(delivered) == 0);
+    CHECK(holds() == "0");
+}
