@@ -147,9 +147,13 @@ TEST_CASE("a replayed delivery is not leased while another relay's uncommitted c
     auto b = db.store("relay-b");
     const auto e1 = setup.enqueue(ev("k"));
     const auto e2 = setup.enqueue(ev("k"));
-    // Both fanned out to "audit"; e1's delivery there dies.
+    // Both fanned out to "audit"; e1's delivery there dies while "hooks"
+    // still owes e1 (so e1's row stays and the replay is a delivery row).
     REQUIRE(setup.claim(10, 30s).events.size() == 1);
-    REQUIRE(setup.fan_out({e1, 1}, std::vector{pg::owed_delivery{"audit", 0ms, 1, std::string("HTTP 500")}}, {}));
+    REQUIRE(setup.fan_out({e1, 1},
+                          std::vector{pg::owed_delivery{"audit", 0ms, 1, std::string("HTTP 500")},
+                                      pg::owed_delivery{"hooks", 1h, 1, std::string("HTTP 500")}},
+                          {}));
     REQUIRE(setup.claim(10, 30s).events.size() == 1);
     REQUIRE(setup.fan_out({e2, 1}, std::vector{pg::owed_delivery{"audit", 0ms, 0, std::nullopt}}, {}));
     auto d1 = setup.claim_deliveries(10, 30s);
@@ -247,4 +251,53 @@ TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees not
     delivered.delivered.push_back({again[0].id, *again[0].destination, again[0].attempt});
     CHECK(b.finish_deliveries(delivered) == 0);
     CHECK(holds() == "0");
+}
+
+TEST_CASE("a replayed delivery waits while a later event of its key is out to every destination") {
+    installed db;
+    auto a = db.store("relay-a");
+    const auto e1 = a.enqueue(ev("k"));
+    const auto e2 = a.enqueue(ev("k"));
+    REQUIRE(a.claim(10, 30s).events.size() == 1);
+    // e1 went everywhere but "audit", where it died; e2 then goes out whole.
+    REQUIRE(a.fan_out({e1, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
+    const auto out = a.claim(10, 30s).events;
+    REQUIRE(out.size() == 1);
+    REQUIRE(out[0].id == e2);
+    REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});
+    // e1 must not go to audit while e2 may be on its way there.
+    CHECK(a.claim_deliveries(10, 30s).empty());
+    CHECK(a.claim(10, 30s).events.empty());
+    CHECK(a.complete(std::vector{pg::lease_ref{e2, 1}}).size() == 1);
+    const auto got = a.claim(10, 30s).events;
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].id == e1);
+}
+
+TEST_CASE("a replayed delivery is not leased while another relay's uncommitted claim holds a later event of its key") {
+    installed db;
+    auto setup = db.store("setup");
+    auto b = db.store("relay-b");
+    const auto e1 = setup.enqueue(ev("k"));
+    const auto e2 = setup.enqueue(ev("k"));
+    REQUIRE(setup.claim(10, 30s).events.size() == 1);
+    REQUIRE(setup.fan_out({e1, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
+
+    // A claims e2 whole; its snapshot predates the replay of e1@audit.
+    open_claim a(setup.claim_sql(16, false), "relay-a");
+    REQUIRE(a.result().size() == 2);
+    REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
+    REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});
+    auto b_claim = std::async(std::launch::async, [&] {
+        auto got = b.claim_deliveries(16, 30s);
+        auto events = b.claim(16, 30s).events;
+        std::move(events.begin(), events.end(), std::back_inserter(got));
+        return got;
+    });
+    wait_returned_or_blocked(db, b_claim);
+    a.commit();
+    const auto got = b_claim.get();
+    CAPTURE(got.size());
+    CHECK(got.empty());
+    CHECK(db.leased_events("k") + db.leased_deliveries("k", "audit") == 1);
 }
