@@ -1,4 +1,5 @@
--- outboxd migration 0004: per-key holds that concurrent claims cannot miss.
+-- outboxd migration 0004: per-key holds that concurrent claims cannot miss,
+-- and replayed dead letters of one destination that keep to them.
 --
 -- Why: the claim's per-key rule ("no other event of the key is leased") is
 -- read from the claiming statement's snapshot, which does not show a lease
@@ -29,3 +30,11 @@ CREATE TABLE :"schema".key_holds (
     until        timestamptz NOT NULL,
     PRIMARY KEY (ordering_key, destination)
 );
+
+-- A replayed dead letter of one destination whose event has left the outbox
+-- comes back as an event again, owed to that destination only, instead of
+-- as a lone delivery row: as an event it is held to its key's order like
+-- any other (it waits while a later event of its key is out, and the later
+-- ones wait for it). NULL: every destination its topic routes to.
+ALTER TABLE :"schema".events
+    ADD COLUMN destinations text[];

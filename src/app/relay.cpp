@@ -476,7 +476,7 @@ private:
             finished();
             return;
         }
-        const auto targets = routes_.match(e.topic);
+        const auto targets = e.only_to.empty() ? routes_.match(e.topic) : named_destinations(e.only_to);
         if (targets.empty()) {
             unroutable(e);
             return;
@@ -688,13 +688,26 @@ private:
         arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(in), in);
     }
 
+    // Indices of the configured destinations with these names (a replayed
+    // event owed to some destinations only).
+    [[nodiscard]] std::vector<std::size_t> named_destinations(const std::vector<std::string>& names) const {
+        std::vector<std::size_t> out;
+        for (std::size_t i = 0; i < cfg_.destinations.size(); ++i) {
+            if (std::find(names.begin(), names.end(), cfg_.destinations[i].name) != names.end()) out.push_back(i);
+        }
+        return out;
+    }
+
     // No route matches the topic. Not lost: the event stays in the outbox,
     // retried on the usual schedule with the reason in last_error (shown by
     // `outboxd status`), so a relay with a newer configuration picks it up;
     // when the attempts run out it becomes a dead letter, to be replayed.
     void unroutable(const event& e) {
         const pg::lease_ref ref{e.id, e.attempt};
-        const auto why = fmt::format("no route matches topic '{}'", e.topic);
+        const auto why = e.only_to.empty()
+                             ? fmt::format("no route matches topic '{}'", e.topic)
+                             : fmt::format("destinations {} are not in this relay's configuration",
+                                           fmt::join(e.only_to, ", "));
         const auto outcome = classify_attempt({true, 0, why, {}, {}}, e.attempt, fallback_retry_, unit_(rng_),
                                               std::chrono::system_clock::now());
         log::warn("no route for event; it stays in the outbox",

@@ -112,12 +112,13 @@ claimed AS (
     -- (cached, generic) plan believed about the table's size.
     WHERE e.id = ANY (ARRAY(SELECT id FROM due WHERE ordering_key IS NULL
                             UNION ALL SELECT event_id FROM held))
-    RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts
+    RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
+              e.destinations::text AS destinations
 )
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
            SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key),
-       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint
+       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint, c.destinations
 FROM claimed c
 UNION ALL
 -- One more row: milliseconds until the earliest work that is not due yet (a
@@ -138,7 +139,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        - now())) * 1000)::bigint END,
        EXISTS (SELECT 1 FROM :"schema".deliveries WHERE available_at <= now()),
        -- the watermark: the last row claimed, in claim order
-       last.available_at::text, last.id
+       last.available_at::text, last.id, NULL
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 
@@ -413,9 +414,11 @@ LIMIT $3;
 -- name: dead_replay
 -- Moves dead letters back into the outbox under their original id (consumers
 -- still recognise a replayed event), due now, attempts from zero. A whole
--- event (destination NULL) is routed again; one destination's dead delivery
--- goes to that destination only (its event row is parked as fanned out, or
--- is still there because other destinations still owe it).
+-- event (destination NULL) is routed again. One destination's dead delivery
+-- goes to that destination only: while other destinations still owe the
+-- event (its row is still here) as one more delivery row; otherwise as the
+-- event again, owed to the destinations it died at (events.destinations),
+-- so that the claim holds it to its key's order like any event (sql/0004).
 -- $1 = one id or NULL, $2 = topic or NULL, $3 = older than $3 ms or NULL.
 WITH revived AS (
     DELETE FROM :"schema".dead_letters
@@ -426,18 +429,24 @@ WITH revived AS (
 ), whole AS (
     INSERT INTO :"schema".events
         (id, topic, ordering_key, payload, headers, idempotency_key, created_at, available_at, attempts,
-         last_error, fanned_out)
+         last_error, destinations)
     OVERRIDING SYSTEM VALUE
-    SELECT DISTINCT ON (id) id, topic, ordering_key, payload, headers, idempotency_key, created_at,
-           CASE WHEN destination IS NULL THEN now() ELSE 'infinity' END, 0, last_error, destination IS NOT NULL
-    FROM revived
-    ORDER BY id, destination NULLS FIRST
+    SELECT DISTINCT ON (r.id) r.id, r.topic, r.ordering_key, r.payload, r.headers, r.idempotency_key, r.created_at,
+           now(), 0, r.last_error,
+           -- NULL (every route) if the whole event died, else where it died
+           (SELECT CASE WHEN bool_or(x.destination IS NULL) THEN NULL
+                        ELSE array_agg(x.destination ORDER BY x.destination) END
+            FROM revived x WHERE x.id = r.id)
+    FROM revived r
+    ORDER BY r.id, r.destination NULLS FIRST
     ON CONFLICT (id) DO NOTHING
+    RETURNING id
 ), owed AS (
+    -- Only where the event row was already here (the insert above met it).
     INSERT INTO :"schema".deliveries (event_id, destination, ordering_key, available_at, attempts, last_error)
     SELECT id, destination, ordering_key, now(), 0, last_error
     FROM revived
-    WHERE destination IS NOT NULL
+    WHERE destination IS NOT NULL AND id NOT IN (SELECT id FROM whole)
     ON CONFLICT (event_id, destination) DO NOTHING
 )
 SELECT DISTINCT id FROM revived ORDER BY id;

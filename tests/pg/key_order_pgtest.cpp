@@ -272,6 +272,7 @@ TEST_CASE("a replayed delivery waits while a later event of its key is out to ev
     const auto got = a.claim(10, 30s).events;
     REQUIRE(got.size() == 1);
     CHECK(got[0].id == e1);
+    CHECK(got[0].only_to == std::vector<std::string>{"audit"});
 }
 
 TEST_CASE("a replayed delivery is not leased while another relay's uncommitted claim holds a later event of its key") {
