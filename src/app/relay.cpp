@@ -536,7 +536,7 @@ private:
             finished();
             return;
         }
-        const auto targets = routes_.match(e.topic);
+        const auto targets = e.only_to.empty() ? routes_.match(e.topic) : named_destinations(e.only_to);
         if (targets.empty()) {
             unroutable(e);
             return;
@@ -758,6 +758,16 @@ private:
         arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(in), in);
     }
 
+    // Indices of the configured destinations with these names (a replayed
+    // event owed to some destinations only).
+    [[nodiscard]] std::vector<std::size_t> named_destinations(const std::vector<std::string>& names) const {
+        std::vector<std::size_t> out;
+        for (std::size_t i = 0; i < cfg_.destinations.size(); ++i) {
+            if (std::find(names.begin(), names.end(), cfg_.destinations[i].name) != names.end()) out.push_back(i);
+        }
+        return out;
+    }
+
     // No route matches the topic. Not lost: the event stays in the outbox,
     // retried on the [defaults.retry] schedule with the reason in last_error
     // (shown by `outboxd status`), so a relay with a newer configuration
@@ -766,19 +776,21 @@ private:
     // its key meanwhile: it becomes a dead letter at once instead.
     void unroutable(const event& e) {
         const pg::lease_ref ref{e.id, e.attempt};
+        const auto why = e.only_to.empty()
+                             ? fmt::format("no route matches topic '{}'", e.topic)
+                             : fmt::format("destinations {} are not in this relay's configuration",
+                                           fmt::join(e.only_to, ", "));
         if (e.ordering_key) {
-            const auto why = fmt::format("no route matches topic '{}'; dead-lettered at once so that it does not "
-                                         "hold back the later events of its ordering key (replay it once a route "
-                                         "matches)",
-                                         e.topic);
+            const auto dead_why = fmt::format("{}; dead-lettered at once so that it does not hold back the later "
+                                              "events of its ordering key (replay it once a route matches)",
+                                              why);
             log::warn("no route for a keyed event; moved to dead letters",
                       {{"event_id", fmt::format("{}", e.id)}, {"topic", e.topic}});
-            pending_.dead.push_back({ref, why, std::nullopt, {}});
+            pending_.dead.push_back({ref, dead_why, std::nullopt, {}});
             pending_.unblocks_key = true;
             finished();
             return;
         }
-        const auto why = fmt::format("no route matches topic '{}'", e.topic);
         const auto outcome = classify_attempt({true, 0, why, {}, {}}, e.attempt, cfg_.default_retry, unit_(rng_),
                                               std::chrono::system_clock::now());
         log::warn("no route for event; it stays in the outbox",

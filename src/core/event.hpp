@@ -25,6 +25,9 @@ struct event {
     // attempts there. Unset: the event goes to every destination its topic
     // routes to.
     std::optional<std::string> destination;
+    // Set on a replayed event that died at these destinations only: it goes
+    // to them (by name), not to every destination its topic routes to.
+    std::vector<std::string> only_to;
     // The event's key still has deliveries waiting at some destination: it
     // must queue behind them (be fanned out), not be sent straight away.
     bool key_pending = false;

@@ -44,8 +44,17 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- event of its key is still waiting in the table (in flight, waiting for a
 -- retry, or not yet due; fanned-out ones wait in `deliveries` instead) and no
 -- other event of its key is leased (a replayed dead letter has an older id
--- than events of its key that may be out already). So a key never has two
--- events out at once, across any number of relays.
+-- than events of its key that may be out already). That rule reads this
+-- statement's snapshot, which misses a lease another claim has stamped but
+-- not committed; so a keyed event is leased only if its claim also takes the
+-- key's hold (key_holds, sql/0004). Why that holds under any interleaving:
+-- the hold is taken by INSERT ... ON CONFLICT on the key's primary key, which
+-- does not use the snapshot: it waits for any in-progress inserter or updater
+-- of the key's row to finish and then judges the row's latest committed
+-- version. Of two claims of one key, whichever reaches the row second sees
+-- the first one's hold (live until its lease ends, or until its outcome
+-- deletes it in the statement that ends the lease) and leases nothing. So a
+-- key never has two events out at once, across any number of relays.
 -- Deliveries are claimed by a statement of their own, run only when some are
 -- due (the last column of the extra row): planning this one stays as cheap
 -- as it was before destinations existed, and the fast path pays nothing.
@@ -65,10 +74,13 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- long transaction commits an earlier available_at) are claimed as soon as a
 -- claim comes back less than full, which ends the drain mode.
 WITH due AS (
-    SELECT e.id, e.available_at
+    SELECT e.id, e.available_at, e.ordering_key
     FROM :"schema".events e
     WHERE e.available_at <= now()
       AND :after_watermark
+      -- a replayed event owed to named destinations only, all of them this
+      -- relay's (filled in by the store, like :known_destination below)
+      AND :sendable_here
       AND (e.ordering_key IS NULL OR NOT EXISTS (
               SELECT 1 FROM :"schema".events other
               WHERE other.ordering_key = e.ordering_key
@@ -78,6 +90,22 @@ WITH due AS (
     LIMIT :claim_size
     FOR UPDATE SKIP LOCKED
 ),
+-- Keys in order, so that two claims wanting the same keys wait for each other
+-- in one order and cannot deadlock (a claim never waits for an event row: SKIP
+-- LOCKED). DISTINCT ON: one hold per key per statement (the rule above
+-- already lets only one event of a key through). A hold that is not ours
+-- stays locked by us until we commit (ON CONFLICT locks before it judges).
+held AS (
+    INSERT INTO :"schema".key_holds AS h (ordering_key, destination, event_id, until)
+    SELECT DISTINCT ON (ordering_key) ordering_key, '', id, now() + $2 * interval '1 millisecond'
+    FROM due
+    WHERE ordering_key IS NOT NULL
+    ORDER BY ordering_key, id
+    ON CONFLICT (ordering_key, destination) DO UPDATE
+        SET event_id = excluded.event_id, until = excluded.until
+        WHERE h.until <= now() OR h.event_id = excluded.event_id
+    RETURNING h.event_id
+),
 claimed AS (
     UPDATE :"schema".events e
     SET attempts = e.attempts + 1,
@@ -85,13 +113,15 @@ claimed AS (
         available_at = now() + $2 * interval '1 millisecond'
     -- = ANY, not a join with `due`: one index probe per row whatever the
     -- (cached, generic) plan believed about the table's size.
-    WHERE e.id = ANY (ARRAY(SELECT id FROM due))
-    RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts
+    WHERE e.id = ANY (ARRAY(SELECT id FROM due WHERE ordering_key IS NULL
+                            UNION ALL SELECT event_id FROM held))
+    RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
+              e.destinations::text AS destinations
 )
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
            SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key),
-       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint
+       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint, c.destinations
 FROM claimed c
 UNION ALL
 -- One more row: milliseconds until the earliest work that is not due yet (a
@@ -114,7 +144,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- is filled in by the store): another relay's are none of its business
        EXISTS (SELECT 1 FROM :"schema".deliveries WHERE available_at <= now() AND :known_destination),
        -- the watermark: the last row claimed, in claim order
-       last.available_at::text, last.id
+       last.available_at::text, last.id, NULL
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 
@@ -122,8 +152,10 @@ LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC 
 -- Claims due deliveries: one destination's share each of a fanned-out event
 -- (see sql/0002), leased like events. A delivery is due only while no earlier
 -- delivery of its key to the same destination is waiting or leased, and no
--- earlier event of its key waits to be sent. So a key never has two events
--- out at once at any destination, across any number of relays.
+-- earlier event of its key waits to be sent; and, as in the event claim
+-- (which says why), it is leased only if its claim takes the hold of its key
+-- at its destination. So a key never has two events out at once at any
+-- destination, across any number of relays.
 -- A delivery whose event row is missing (see bury_orphan_deliveries) is
 -- never claimed: it could not be sent.
 -- $1 = lease owner, $2 = lease in ms, $3 = the destinations to claim for:
@@ -132,7 +164,7 @@ LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC 
 -- newer configuration during a rolling deploy) is left alone, not failed.
 -- :claim_size as in the claim.
 WITH due AS (
-    SELECT d.event_id, d.destination
+    SELECT d.event_id, d.destination, d.ordering_key
     FROM :"schema".deliveries d
     WHERE d.available_at <= now()
       AND d.destination = ANY ($3::text[])
@@ -153,13 +185,30 @@ WITH due AS (
     LIMIT :claim_size
     FOR UPDATE SKIP LOCKED
 ),
+held AS (
+    INSERT INTO :"schema".key_holds AS h (ordering_key, destination, event_id, until)
+    SELECT DISTINCT ON (ordering_key, destination)
+           ordering_key, destination, event_id, now() + $2 * interval '1 millisecond'
+    FROM due
+    WHERE ordering_key IS NOT NULL
+    ORDER BY ordering_key, destination, event_id
+    ON CONFLICT (ordering_key, destination) DO UPDATE
+        SET event_id = excluded.event_id, until = excluded.until
+        WHERE h.until <= now() OR h.event_id = excluded.event_id
+    RETURNING h.event_id, h.destination
+),
+taken AS (
+    SELECT event_id, destination FROM due WHERE ordering_key IS NULL
+    UNION ALL
+    SELECT event_id, destination FROM held
+),
 claimed AS (
     UPDATE :"schema".deliveries d
     SET attempts = d.attempts + 1,
         lease_owner = $1,
         available_at = now() + $2 * interval '1 millisecond'
-    WHERE d.event_id = ANY (ARRAY(SELECT event_id FROM due))
-      AND (d.event_id, d.destination) IN (SELECT event_id, destination FROM due)
+    WHERE d.event_id = ANY (ARRAY(SELECT event_id FROM taken))
+      AND (d.event_id, d.destination) IN (SELECT event_id, destination FROM taken)
     RETURNING d.event_id, d.destination, d.attempts
 )
 SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attempts, c.destination
@@ -167,21 +216,37 @@ FROM claimed c JOIN :"schema".events e ON e.id = c.event_id;
 
 -- name: complete
 -- Delivered: the events leave the hot table. Fenced: only rows that still
--- carry our lease and the attempt number we claimed them with.
+-- carry our lease and the attempt number we claimed them with. Their keys'
+-- holds go with them (see the claim); every statement below that ends a
+-- lease does the same.
 -- $1 = ids, $2 = attempts (parallel arrays), $3 = lease owner.
-DELETE FROM :"schema".events e
-USING unnest($1::bigint[], $2::integer[]) AS done(id, attempt)
-WHERE e.id = done.id AND e.attempts = done.attempt AND e.lease_owner = $3
-RETURNING e.id;
+WITH gone AS (
+    DELETE FROM :"schema".events e
+    USING unnest($1::bigint[], $2::integer[]) AS done(id, attempt)
+    WHERE e.id = done.id AND e.attempts = done.attempt AND e.lease_owner = $3
+    RETURNING e.id, e.ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING gone
+    WHERE h.ordering_key = gone.ordering_key AND h.destination = '' AND h.event_id = gone.id
+)
+SELECT id FROM gone;
 
 -- name: reschedule
 -- Failed, to be retried after $4 ms. Fenced like `complete`.
-UPDATE :"schema".events
-SET available_at = now() + $4 * interval '1 millisecond',
-    last_error = $5,
-    lease_owner = NULL
-WHERE id = $1 AND attempts = $2 AND lease_owner = $3
-RETURNING id;
+WITH retried AS (
+    UPDATE :"schema".events
+    SET available_at = now() + $4 * interval '1 millisecond',
+        last_error = $5,
+        lease_owner = NULL
+    WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+    RETURNING id, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING retried
+    WHERE h.ordering_key = retried.ordering_key AND h.destination = '' AND h.event_id = retried.id
+)
+SELECT id FROM retried;
 
 -- name: bury
 -- Failed for good: moved to dead letters in one statement. Fenced like `complete`.
@@ -189,6 +254,10 @@ WITH gone AS (
     DELETE FROM :"schema".events
     WHERE id = $1 AND attempts = $2 AND lease_owner = $3
     RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING gone
+    WHERE h.ordering_key = gone.ordering_key AND h.destination = '' AND h.event_id = gone.id
 )
 INSERT INTO :"schema".dead_letters
     (id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
@@ -205,12 +274,18 @@ WITH events_released AS (
     UPDATE :"schema".events
     SET available_at = now(), lease_owner = NULL
     WHERE lease_owner = $1
-    RETURNING id
+    RETURNING id, ordering_key
 ), deliveries_released AS (
     UPDATE :"schema".deliveries
     SET available_at = now(), lease_owner = NULL
     WHERE lease_owner = $1
-    RETURNING event_id
+    RETURNING event_id, destination, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    WHERE (h.ordering_key, h.destination, h.event_id) IN (
+        SELECT ordering_key, '', id FROM events_released WHERE ordering_key IS NOT NULL
+        UNION ALL
+        SELECT ordering_key, destination, event_id FROM deliveries_released WHERE ordering_key IS NOT NULL)
 )
 SELECT id FROM events_released
 UNION ALL
@@ -222,10 +297,17 @@ SELECT event_id FROM deliveries_released;
 -- here. Fenced like `complete`; the rows to write follow in
 -- fan_out_deliveries and fan_out_dead, in the same transaction.
 -- $1 = id, $2 = attempt, $3 = lease owner.
-UPDATE :"schema".events
-SET fanned_out = true, available_at = 'infinity', lease_owner = NULL
-WHERE id = $1 AND attempts = $2 AND lease_owner = $3
-RETURNING id;
+WITH parked AS (
+    UPDATE :"schema".events
+    SET fanned_out = true, available_at = 'infinity', lease_owner = NULL
+    WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+    RETURNING id, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING parked
+    WHERE h.ordering_key = parked.ordering_key AND h.destination = '' AND h.event_id = parked.id
+)
+SELECT id FROM parked;
 
 -- name: fan_out_deliveries
 -- $1 = event id; parallel arrays: $2 destinations, $3 due in ms, $4 attempts
@@ -258,21 +340,37 @@ SELECT id FROM :"schema".events WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPD
 -- name: complete_deliveries
 -- Delivered to one destination each. Fenced on lease owner and attempt.
 -- $1 = event ids, $2 = destinations, $3 = attempts (parallel), $4 = lease owner.
-DELETE FROM :"schema".deliveries d
-USING unnest($1::bigint[], $2::text[], $3::integer[]) AS done(id, destination, attempt)
-WHERE d.event_id = done.id AND d.destination = done.destination
-  AND d.attempts = done.attempt AND d.lease_owner = $4
-RETURNING d.event_id;
+WITH gone AS (
+    DELETE FROM :"schema".deliveries d
+    USING unnest($1::bigint[], $2::text[], $3::integer[]) AS done(id, destination, attempt)
+    WHERE d.event_id = done.id AND d.destination = done.destination
+      AND d.attempts = done.attempt AND d.lease_owner = $4
+    RETURNING d.event_id, d.destination, d.ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING gone
+    WHERE h.ordering_key = gone.ordering_key AND h.destination = gone.destination
+      AND h.event_id = gone.event_id
+)
+SELECT event_id FROM gone;
 
 -- name: reschedule_delivery
 -- $1 = event id, $2 = destination, $3 = attempt, $4 = lease owner,
 -- $5 = retry in ms, $6 = error. Fenced.
-UPDATE :"schema".deliveries
-SET available_at = now() + $5 * interval '1 millisecond',
-    last_error = $6,
-    lease_owner = NULL
-WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
-RETURNING event_id;
+WITH retried AS (
+    UPDATE :"schema".deliveries
+    SET available_at = now() + $5 * interval '1 millisecond',
+        last_error = $6,
+        lease_owner = NULL
+    WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
+    RETURNING event_id, destination, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING retried
+    WHERE h.ordering_key = retried.ordering_key AND h.destination = retried.destination
+      AND h.event_id = retried.event_id
+)
+SELECT event_id FROM retried;
 
 -- name: bury_delivery
 -- One destination's delivery failed for good: a dead letter naming that
@@ -281,7 +379,12 @@ RETURNING event_id;
 WITH gone AS (
     DELETE FROM :"schema".deliveries
     WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
-    RETURNING event_id, destination, attempts
+    RETURNING event_id, destination, attempts, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING gone
+    WHERE h.ordering_key = gone.ordering_key AND h.destination = gone.destination
+      AND h.event_id = gone.event_id
 ), buried AS (
     INSERT INTO :"schema".dead_letters
         (id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
@@ -361,9 +464,11 @@ FOR UPDATE;
 -- name: dead_replay
 -- Moves dead letters back into the outbox under their original id (consumers
 -- still recognise a replayed event), due now, attempts from zero. A whole
--- event (destination NULL) is routed again; one destination's dead delivery
--- goes to that destination only (its event row is parked as fanned out, or
--- is still there because other destinations still owe it).
+-- event (destination NULL) is routed again. One destination's dead delivery
+-- goes to that destination only: while other destinations still owe the
+-- event (its row is still here) as one more delivery row; otherwise as the
+-- event again, owed to the destinations it died at (events.destinations),
+-- so that the claim holds it to its key's order like any event (sql/0004).
 -- $1 = one id or NULL, $2 = topic pattern as a regular expression or NULL,
 -- $3 = older than $3 ms or NULL.
 WITH revived AS (
@@ -375,18 +480,24 @@ WITH revived AS (
 ), whole AS (
     INSERT INTO :"schema".events
         (id, topic, ordering_key, payload, headers, idempotency_key, created_at, available_at, attempts,
-         last_error, fanned_out)
+         last_error, destinations)
     OVERRIDING SYSTEM VALUE
-    SELECT DISTINCT ON (id) id, topic, ordering_key, payload, headers, idempotency_key, created_at,
-           CASE WHEN destination IS NULL THEN now() ELSE 'infinity' END, 0, last_error, destination IS NOT NULL
-    FROM revived
-    ORDER BY id, destination NULLS FIRST
+    SELECT DISTINCT ON (r.id) r.id, r.topic, r.ordering_key, r.payload, r.headers, r.idempotency_key, r.created_at,
+           now(), 0, r.last_error,
+           -- NULL (every route) if the whole event died, else where it died
+           (SELECT CASE WHEN bool_or(x.destination IS NULL) THEN NULL
+                        ELSE array_agg(x.destination ORDER BY x.destination) END
+            FROM revived x WHERE x.id = r.id)
+    FROM revived r
+    ORDER BY r.id, r.destination NULLS FIRST
     ON CONFLICT (id) DO NOTHING
+    RETURNING id
 ), owed AS (
+    -- Only where the event row was already here (the insert above met it).
     INSERT INTO :"schema".deliveries (event_id, destination, ordering_key, available_at, attempts, last_error)
     SELECT id, destination, ordering_key, now(), 0, last_error
     FROM revived
-    WHERE destination IS NOT NULL
+    WHERE destination IS NOT NULL AND id NOT IN (SELECT id FROM whole)
     ON CONFLICT (event_id, destination) DO NOTHING
 )
 SELECT DISTINCT id FROM revived ORDER BY id;

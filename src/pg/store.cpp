@@ -63,6 +63,21 @@ std::string text_array(const Items& items, Field field) {
     return out;
 }
 
+// A text[] of destination names as PostgreSQL prints it ({a,b}): the names
+// are plain tokens (sql/0002's CHECK), so never quoted.
+std::vector<std::string> destination_names(std::string_view array) {
+    std::vector<std::string> out;
+    if (array.size() < 2) return out;
+    array = array.substr(1, array.size() - 2);
+    while (!array.empty()) {
+        const auto comma = array.find(',');
+        out.emplace_back(array.substr(0, comma));
+        if (comma == std::string_view::npos) break;
+        array.remove_prefix(comma + 1);
+    }
+    return out;
+}
+
 std::optional<std::string> status_text(std::optional<int> status) {
     return status ? std::optional<std::string>(fmt::format("{}", *status)) : std::nullopt;
 }
@@ -178,12 +193,14 @@ std::string store::claim_sql(std::size_t size, bool after_watermark) const {
     fill(text, "AND :after_watermark",
          after_watermark ? "AND (e.available_at, e.id) > ($3::timestamptz, $4::bigint)" : "AND true");
     fill(text, "WHEN :outside_drain", after_watermark ? "WHEN false" : "WHEN true");
-    // A literal, like the size: the set is fixed for the connection's life.
+    // Literals, like the size: the set is fixed for the connection's life.
+    const auto known = destinations_ ? quote_literal(text_array(*destinations_, [](const std::string& d) {
+        return std::optional(d);
+    })) : std::string();
     fill(text, "AND :known_destination",
-         destinations_ ? fmt::format("AND destination = ANY ({}::text[])",
-                                     quote_literal(text_array(*destinations_, [](const std::string& d) {
-                                         return std::optional(d);
-                                     })))
+         destinations_ ? fmt::format("AND destination = ANY ({}::text[])", known) : "AND true");
+    fill(text, "AND :sendable_here",
+         destinations_ ? fmt::format("AND (e.destinations IS NULL OR e.destinations <@ {}::text[])", known)
                        : "AND true");
     return text;
 }
@@ -261,6 +278,7 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
             }
             auto e = read_claimed(row);
             e.key_pending = row[6].as<bool>();
+            if (!row[11].is_null()) e.only_to = destination_names(row[11].c_str());
             out.events.push_back(std::move(e));
         }
         return out;

@@ -192,9 +192,11 @@ public:
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
 
     // The event claim of queries.sql with its size and watermark filled in,
-    // and the settings of the session that runs it (plan_once): public for
-    // the test that checks the plan PostgreSQL makes of it.
+    // the delivery claim with its size, and the settings of the session that
+    // runs them (plan_once): public for the tests that check the plan
+    // PostgreSQL makes of them and race them against open transactions.
     [[nodiscard]] std::string claim_sql(std::size_t size, bool after_watermark) const;
+    [[nodiscard]] std::string claim_deliveries_sql(std::size_t size) const { return sized("claim_deliveries", size); }
     [[nodiscard]] static std::vector<std::string> plan_once_settings();
 
 private:

@@ -1,0 +1,307 @@
+// Per-key order under concurrency: two relays and a producer or replayer,
+// with the race window forced open. Relay A's claim runs inside an explicit
+// transaction on a raw connection and stays uncommitted while the third
+// connection commits an older event of the key and relay B claims; then A
+// commits. At no point may two events of one key (at one destination) be
+// leased at once.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <future>
+
+#include <fmt/format.h>
+#include <pqxx/pqxx>
+
+#include "pg/dead_letters.hpp"
+#include "pg/migrator.hpp"
+#include "pg/store.hpp"
+#include "pg_fixture.hpp"
+
+using namespace outboxd;
+using namespace std::chrono_literals;
+using outboxd::testing::scalar;
+
+namespace {
+
+// Every destination these tests use (a relay claims deliveries for its own).
+const std::vector<std::string> destinations{"audit", "hooks"};
+
+struct installed {
+    testing::scratch_schema schema{"keyorder"};
+    std::unique_ptr<pqxx::connection> admin = testing::connect();
+    installed() { (void)pg::migrate(*admin, schema.name()); }
+
+    [[nodiscard]] pg::store store(const std::string& owner) const {
+        return pg::store(testing::database_url(), schema.name(), owner);
+    }
+    std::string query(const std::string& sql_with_schema) {
+        return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
+    }
+    // Events of `key` leased right now (sent straight to their destinations).
+    int leased_events(const std::string& key) {
+        return std::stoi(query("SELECT count(*) FROM {s}.events WHERE ordering_key = '" + key +
+                               "' AND lease_owner IS NOT NULL AND available_at > now() AND NOT fanned_out"));
+    }
+    int leased_deliveries(const std::string& key, const std::string& destination) {
+        return std::stoi(query("SELECT count(*) FROM {s}.deliveries WHERE ordering_key = '" + key +
+                               "' AND destination = '" + destination +
+                               "' AND lease_owner IS NOT NULL AND available_at > now()"));
+    }
+};
+
+pg::new_event ev(std::optional<std::string> key) {
+    pg::new_event e;
+    e.topic = "orders.created";
+    e.payload = R"({"n":1})";
+    e.ordering_key = std::move(key);
+    return e;
+}
+
+// Relay A: a claim statement inside a transaction that stays open until
+// commit(), so its leases are invisible to everyone else meanwhile.
+class open_claim {
+public:
+    template <typename... Extra>
+    open_claim(const std::string& sql, const std::string& owner, Extra&&... extra)
+        : conn_(testing::connect()), tx_(*conn_) {
+        result_ = tx_.exec_params(sql, owner, 30000, std::forward<Extra>(extra)...);
+    }
+    [[nodiscard]] const pqxx::result& result() const { return result_; }
+    void commit() { tx_.commit(); }
+
+private:
+    std::unique_ptr<pqxx::connection> conn_;
+    pqxx::work tx_;
+    pqxx::result result_;
+};
+
+// Waits (with a deadline) until relay B's claim has either returned or is
+// waiting for a lock (the only session in this database that may be).
+template <typename T>
+void wait_returned_or_blocked(installed& db, std::future<T>& b) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (b.wait_for(10ms) == std::future_status::ready) return;
+        if (db.query("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND wait_event_type = 'Lock'") != "0") {
+            return;
+        }
+    }
+    FAIL("relay B's claim neither returned nor waited for a lock");
+}
+
+}  // namespace
+
+TEST_CASE("a replayed older event is not leased while another relay's uncommitted claim holds a newer one") {
+    installed db;
+    auto setup = db.store("setup");
+    auto b = db.store("relay-b");
+    const auto e1 = setup.enqueue(ev("k"));
+    const auto e2 = setup.enqueue(ev("k"));
+    auto first = setup.claim(10, 30s).events;
+    REQUIRE(first.size() == 1);
+    REQUIRE(first[0].id == e1);
+    REQUIRE(setup.bury({e1, 1}, "poison", 400, ""));
+
+    // A claims e2; its snapshot predates the replay of e1.
+    open_claim a(setup.claim_sql(16, false), "relay-a");
+    REQUIRE(a.result().size() == 2);  // e2 and the extra row
+    REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
+    // The replay commits e1 back, older than e2.
+    REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});
+    // B sees e1, and e2 without A's lease.
+    auto b_claim = std::async(std::launch::async, [&] { return b.claim(16, 30s).events; });
+    wait_returned_or_blocked(db, b_claim);
+    a.commit();
+    const auto got = b_claim.get();
+    CAPTURE(got.size());
+    CHECK(db.leased_events("k") <= 1);
+    CHECK(got.empty());
+}
+
+TEST_CASE("an older event committed after a newer one is not leased while the newer one's claim is uncommitted") {
+    installed db;
+    auto p2 = db.store("producer-2");
+    auto b = db.store("relay-b");
+    // P1 takes the older id and commits last.
+    auto p1_conn = testing::connect();
+    pqxx::work p1(*p1_conn);
+    const auto e1 = p1.exec1(fmt::format("SELECT {}.enqueue('orders.created', '{{}}', 'k')", db.schema.q()))[0]
+                        .as<std::int64_t>();
+    const auto e2 = p2.enqueue(ev("k"));
+    REQUIRE(e1 < e2);
+
+    open_claim a(b.claim_sql(16, false), "relay-a");
+    REQUIRE(a.result().size() == 2);
+    REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
+    p1.commit();
+    auto b_claim = std::async(std::launch::async, [&] { return b.claim(16, 30s).events; });
+    wait_returned_or_blocked(db, b_claim);
+    a.commit();
+    const auto got = b_claim.get();
+    CAPTURE(got.size());
+    CHECK(db.leased_events("k") <= 1);
+    CHECK(got.empty());
+}
+
+TEST_CASE("a replayed delivery is not leased while another relay's uncommitted claim holds a newer one there") {
+    installed db;
+    auto setup = db.store("setup");
+    auto b = db.store("relay-b");
+    const auto e1 = setup.enqueue(ev("k"));
+    const auto e2 = setup.enqueue(ev("k"));
+    // Both fanned out to "audit"; e1's delivery there dies while "hooks"
+    // still owes e1 (so e1's row stays and the replay is a delivery row).
+    REQUIRE(setup.claim(10, 30s).events.size() == 1);
+    REQUIRE(setup.fan_out({e1, 1},
+                          std::vector{pg::owed_delivery{"audit", 0ms, 1, std::string("HTTP 500")},
+                                      pg::owed_delivery{"hooks", 1h, 1, std::string("HTTP 500")}},
+                          {}));
+    REQUIRE(setup.claim(10, 30s).events.size() == 1);
+    REQUIRE(setup.fan_out({e2, 1}, std::vector{pg::owed_delivery{"audit", 0ms, 0, std::nullopt}}, {}));
+    auto d1 = setup.claim_deliveries(10, 30s, destinations);
+    REQUIRE(d1.size() == 1);
+    REQUIRE(d1[0].id == e1);
+    pg::delivery_outcomes dead;
+    dead.dead.push_back({{e1, "audit", d1[0].attempt}, "HTTP 410", 410, ""});
+    REQUIRE(setup.finish_deliveries(dead) == 0);
+
+    // A claims e2@audit; its snapshot predates the replay of e1@audit.
+    open_claim a(setup.claim_deliveries_sql(16), "relay-a", "{audit,hooks}");  // every destination
+    REQUIRE(a.result().size() == 1);
+    REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
+    REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});
+    auto b_claim = std::async(std::launch::async, [&] { return b.claim_deliveries(16, 30s, destinations); });
+    wait_returned_or_blocked(db, b_claim);
+    a.commit();
+    const auto got = b_claim.get();
+    CAPTURE(got.size());
+    CHECK(db.leased_deliveries("k", "audit") <= 1);
+    CHECK(got.empty());
+}
+
+TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees nothing") {
+    installed db;
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    const auto holds = [&] { return db.query("SELECT count(*) FROM {s}.key_holds"); };
+    const auto claim_one = [&](pg::store& s) {
+        auto got = s.claim(10, 30s).events;
+        REQUIRE(got.size() == 1);
+        CHECK(holds() == "1");
+        return got[0];
+    };
+    // Wait (deadline) until a claim returns something, for retries due in 1 ms.
+    const auto claim_soon = [&](pg::store& s) {
+        const auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (std::chrono::steady_clock::now() < deadline) {
+            auto got = s.claim(10, 30s).events;
+            if (!got.empty()) {
+                CHECK(holds() == "1");
+                return got[0];
+            }
+        }
+        FAIL("nothing became claimable");
+        return event{};
+    };
+    for (int i = 0; i < 4; ++i) (void)a.enqueue(ev("k"));
+
+    auto e = claim_one(a);
+    CHECK(a.reschedule({e.id, e.attempt}, 1ms, "HTTP 500"));
+    CHECK(holds() == "0");
+    e = claim_soon(a);
+    CHECK(a.release() == 1);
+    CHECK(holds() == "0");
+    e = claim_one(a);
+    CHECK(a.complete(std::vector{pg::lease_ref{e.id, e.attempt}}).size() == 1);
+    CHECK(holds() == "0");
+    e = claim_one(a);
+    CHECK(a.bury({e.id, e.attempt}, "HTTP 410", 410, ""));
+    CHECK(holds() == "0");
+
+    // A crashed relay's hold expires with its lease; its late outcome is
+    // fenced and leaves the new holder's hold alone.
+    e = a.claim(10, 50ms).events.at(0);
+    event taken;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (taken.id == 0 && std::chrono::steady_clock::now() < deadline) {
+        auto got = b.claim(10, 30s).events;
+        if (!got.empty()) taken = got[0];
+    }
+    REQUIRE(taken.id == e.id);
+    CHECK_FALSE(a.reschedule({e.id, e.attempt}, 1ms, "late"));
+    CHECK(holds() == "1");
+    // Fanned out: the event's hold goes, each delivery takes its own.
+    CHECK(b.fan_out({taken.id, taken.attempt},
+                    std::vector{pg::owed_delivery{"audit", 0ms, 1, std::nullopt},
+                                pg::owed_delivery{"hooks", 0ms, 1, std::nullopt}},
+                    {}));
+    CHECK(holds() == "0");
+    auto d = b.claim_deliveries(10, 30s, destinations);
+    REQUIRE(d.size() == 2);
+    CHECK(holds() == "2");
+    pg::delivery_outcomes out;
+    out.retries.push_back({{d[0].id, *d[0].destination, d[0].attempt}, 1ms, "HTTP 500"});
+    out.dead.push_back({{d[1].id, *d[1].destination, d[1].attempt}, "HTTP 410", 410, ""});
+    CHECK(b.finish_deliveries(out) == 0);
+    CHECK(holds() == "0");
+    std::vector<event> again;
+    const auto retry_deadline = std::chrono::steady_clock::now() + 5s;
+    while (again.empty() && std::chrono::steady_clock::now() < retry_deadline) again = b.claim_deliveries(10, 30s, destinations);
+    REQUIRE(again.size() == 1);
+    CHECK(holds() == "1");
+    pg::delivery_outcomes delivered;
+    delivered.delivered.push_back({again[0].id, *again[0].destination, again[0].attempt});
+    CHECK(b.finish_deliveries(delivered) == 0);
+    CHECK(holds() == "0");
+}
+
+TEST_CASE("a replayed delivery waits while a later event of its key is out to every destination") {
+    installed db;
+    auto a = db.store("relay-a");
+    const auto e1 = a.enqueue(ev("k"));
+    const auto e2 = a.enqueue(ev("k"));
+    REQUIRE(a.claim(10, 30s).events.size() == 1);
+    // e1 went everywhere but "audit", where it died; e2 then goes out whole.
+    REQUIRE(a.fan_out({e1, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
+    const auto out = a.claim(10, 30s).events;
+    REQUIRE(out.size() == 1);
+    REQUIRE(out[0].id == e2);
+    REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});
+    // e1 must not go to audit while e2 may be on its way there.
+    CHECK(a.claim_deliveries(10, 30s, destinations).empty());
+    CHECK(a.claim(10, 30s).events.empty());
+    CHECK(a.complete(std::vector{pg::lease_ref{e2, 1}}).size() == 1);
+    const auto got = a.claim(10, 30s).events;
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].id == e1);
+    CHECK(got[0].only_to == std::vector<std::string>{"audit"});
+}
+
+TEST_CASE("a replayed delivery is not leased while another relay's uncommitted claim holds a later event of its key") {
+    installed db;
+    auto setup = db.store("setup");
+    auto b = db.store("relay-b");
+    const auto e1 = setup.enqueue(ev("k"));
+    const auto e2 = setup.enqueue(ev("k"));
+    REQUIRE(setup.claim(10, 30s).events.size() == 1);
+    REQUIRE(setup.fan_out({e1, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
+
+    // A claims e2 whole; its snapshot predates the replay of e1@audit.
+    open_claim a(setup.claim_sql(16, false), "relay-a");
+    REQUIRE(a.result().size() == 2);
+    REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
+    REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});
+    auto b_claim = std::async(std::launch::async, [&] {
+        auto got = b.claim_deliveries(16, 30s, destinations);
+        auto events = b.claim(16, 30s).events;
+        std::move(events.begin(), events.end(), std::back_inserter(got));
+        return got;
+    });
+    wait_returned_or_blocked(db, b_claim);
+    a.commit();
+    const auto got = b_claim.get();
+    CAPTURE(got.size());
+    CHECK(got.empty());
+    CHECK(db.leased_events("k") + db.leased_deliveries("k", "audit") == 1);
+}
