@@ -271,6 +271,37 @@ TEST_CASE("bury moves the event to dead letters with what went wrong") {
           fmt::format("{}|orders|k1|1|410|gone for good|idem", id));
 }
 
+TEST_CASE("bury of an id that already has a dead letter succeeds and keeps the newer death") {
+    // An event id can come back after it died: a producer re-inserts the
+    // event under its id, or an outbox is restored with an older id sequence.
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev("orders"));
+    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, last_error, died_at) "
+             "VALUES (" + std::to_string(id) + ", 'orders', '{{}}', '{{}}', now() - interval '3 days', 7, 'old', "
+             "now() - interval '2 days') RETURNING 1");
+    REQUIRE(s.claim(1, 30s).events.size() == 1);
+    CHECK(s.bury({id, 1}, "permanent failure: HTTP 410", 410, "gone"));
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    CHECK(db.query("SELECT count(*) || '|' || min(attempts) || '|' || min(last_error) || '|' || min(last_status) || "
+                   "'|' || bool_and(died_at > now() - interval '1 minute') FROM {s}.dead_letters") ==
+          "1|1|permanent failure: HTTP 410|410|true");
+}
+
+TEST_CASE("a destination's dead delivery replaces an earlier dead letter of that event and destination") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev("orders"));
+    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, last_error, died_at, "
+             "destination) VALUES (" + std::to_string(id) + ", 'orders', '{{}}', '{{}}', now(), 7, 'old', "
+             "now() - interval '2 days', 'hooks') RETURNING 1");
+    const auto claimed = s.claim(1, 30s).events;
+    REQUIRE(claimed.size() == 1);
+    CHECK(s.fan_out({id, 1}, {}, std::vector<pg::dead_delivery>{{"hooks", 3, "HTTP 410", 410, "gone"}}));
+    CHECK(db.query("SELECT count(*) || '|' || min(attempts) || '|' || min(last_error) || '|' || "
+                   "bool_and(died_at > now() - interval '1 minute') FROM {s}.dead_letters") == "1|3|HTTP 410|true");
+}
+
 TEST_CASE("release hands back what we hold, due now") {
     installed db;
     auto a = db.store("relay-a");
