@@ -302,6 +302,23 @@ TEST_CASE("a destination's dead delivery replaces an earlier dead letter of that
                    "bool_and(died_at > now() - interval '1 minute') FROM {s}.dead_letters") == "1|3|HTTP 410|true");
 }
 
+TEST_CASE("purge_dead_letters removes dead letters older than the retention, at most a batch at a time") {
+    installed db;
+    auto s = db.store("a");
+    // Five that died 40 days ago (two of them one event at two destinations), one yesterday.
+    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, died_at, destination) "
+             "SELECT i, 't', '{{}}', '{{}}', now(), 1, now() - interval '40 days', d "
+             "FROM (VALUES (1, NULL), (2, NULL), (3, 'a'), (3, 'b'), (4, NULL)) AS v(i, d) RETURNING 1");
+    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, died_at) "
+             "VALUES (5, 't', '{{}}', '{{}}', now(), 1, now() - interval '1 day') RETURNING 1");
+    constexpr auto thirty_days = std::chrono::hours(30 * 24);
+    CHECK(s.purge_dead_letters(thirty_days, 2) == 2);
+    CHECK(s.purge_dead_letters(thirty_days, 2) == 2);
+    CHECK(s.purge_dead_letters(thirty_days, 2) == 1);
+    CHECK(s.purge_dead_letters(thirty_days, 2) == 0);
+    CHECK(db.query("SELECT string_agg(id::text, ',') FROM {s}.dead_letters") == "5");
+}
+
 TEST_CASE("release hands back what we hold, due now") {
     installed db;
     auto a = db.store("relay-a");
