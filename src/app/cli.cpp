@@ -17,7 +17,7 @@ struct option_spec {
     bool takes_value = true;
 };
 
-constexpr std::array<option_spec, 32> known_options{{
+constexpr std::array<option_spec, 33> known_options{{
     {"config", ""},
     {"database-url", ""},
     {"schema", ""},
@@ -39,6 +39,7 @@ constexpr std::array<option_spec, 32> known_options{{
     {"max-attempts", "run check-config"},
     {"shutdown-timeout", "run check-config"},
     {"idempotency-retention", "run check-config"},
+    {"dead-letter-retention", "run check-config"},
     {"permanent-statuses", "run check-config"},
     {"throttle-statuses", "run check-config"},
     {"signing-secret", "run check-config", true},
@@ -188,6 +189,7 @@ each also as OUTBOXD_<NAME>, e.g. OUTBOXD_CONCURRENCY):
   --max-attempts N          attempts before dead letters, default 20
   --shutdown-timeout DURATION  wait for in-flight deliveries on SIGTERM, default 10s
   --idempotency-retention DURATION  forget idempotency keys after this, default 168h (0s: never)
+  --dead-letter-retention DURATION  delete dead letters this long after they died, default 720h (0s: never)
   --permanent-statuses LIST dead-letter at once on these, default 410
   --throttle-statuses LIST  honour Retry-After on these, default 429,502,503,504
   --signing-secret whsec_…  sign requests (Standard Webhooks v1); repeat to rotate keys.

@@ -423,6 +423,7 @@ private:
             if (ec || dispatch_.stopping()) return;
             wake();
             purge_idempotency_keys();
+            purge_dead_letters();
             arm_sweep();
         });
     }
@@ -438,6 +439,29 @@ private:
                 }
             } catch (const std::exception& e) {
                 log::warn("purging idempotency keys failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+            }
+        });
+    }
+
+    // One batch per job: a full batch queues the next behind whatever
+    // outcomes are waiting, so a large purge never delays them for long.
+    void purge_dead_letters() {
+        if (cfg_.dead_letter_retention.count() == 0) return;
+        outcome_worker_.submit([this, retention = cfg_.dead_letter_retention](pg::store& store) {
+            constexpr std::size_t batch = 1000;
+            try {
+                const auto purged = store.purge_dead_letters(retention, batch);
+                if (purged > 0) {
+                    log::info("purged dead letters past their retention",
+                              {{"count", fmt::format("{}", purged)}, {"retention", format_duration(retention)}});
+                }
+                if (purged == batch) {
+                    net::post(ioc_, [this] {
+                        if (!dispatch_.stopping()) purge_dead_letters();
+                    });
+                }
+            } catch (const std::exception& e) {
+                log::warn("purging dead letters failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
             }
         });
     }

@@ -177,6 +177,11 @@ RETURNING id;
 
 -- name: bury
 -- Failed for good: moved to dead letters in one statement. Fenced like `complete`.
+-- An id can die twice (its event re-inserted under the same id, an outbox
+-- restored with an older id sequence): the newer death replaces the older
+-- dead letter. It is what the row leaving `events` holds, so it must not be
+-- dropped; its error is the one to act on; and its died_at restarts the
+-- retention. Failing instead would fail the relay's whole outcome batch.
 WITH gone AS (
     DELETE FROM :"schema".events
     WHERE id = $1 AND attempts = $2 AND lease_owner = $3
@@ -188,6 +193,11 @@ INSERT INTO :"schema".dead_letters
 SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
        $4, $5, $6
 FROM gone
+ON CONFLICT (id, destination) DO UPDATE
+    SET topic = excluded.topic, ordering_key = excluded.ordering_key, payload = excluded.payload,
+        headers = excluded.headers, idempotency_key = excluded.idempotency_key,
+        created_at = excluded.created_at, attempts = excluded.attempts, last_error = excluded.last_error,
+        last_status = excluded.last_status, response_excerpt = excluded.response_excerpt, died_at = now()
 RETURNING id;
 
 -- name: release
@@ -230,7 +240,8 @@ WHERE e.id = $1
 ON CONFLICT (event_id, destination) DO NOTHING;
 
 -- name: fan_out_dead
--- One destination's delivery of event $1 failed for good.
+-- One destination's delivery of event $1 failed for good. Replaces an
+-- earlier dead letter of the event there, as in `bury`.
 -- $2 = destination, $3 = attempts there, $4 = error, $5 = HTTP status or NULL,
 -- $6 = response excerpt.
 INSERT INTO :"schema".dead_letters
@@ -239,7 +250,11 @@ INSERT INTO :"schema".dead_letters
 SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, $3, $4, $5, $6, $2
 FROM :"schema".events
 WHERE id = $1
-ON CONFLICT DO NOTHING;
+ON CONFLICT (id, destination) DO UPDATE
+    SET topic = excluded.topic, ordering_key = excluded.ordering_key, payload = excluded.payload,
+        headers = excluded.headers, idempotency_key = excluded.idempotency_key,
+        created_at = excluded.created_at, attempts = excluded.attempts, last_error = excluded.last_error,
+        last_status = excluded.last_status, response_excerpt = excluded.response_excerpt, died_at = now();
 
 -- name: lock_events
 -- Taken (in id order, so two relays cannot deadlock) before finishing
@@ -268,8 +283,9 @@ RETURNING event_id;
 
 -- name: bury_delivery
 -- One destination's delivery failed for good: a dead letter naming that
--- destination. Fenced. $1..$4 as reschedule_delivery, $5 = error,
--- $6 = HTTP status or NULL, $7 = response excerpt.
+-- destination (replacing an earlier one there, as in `bury`). Fenced.
+-- $1..$4 as reschedule_delivery, $5 = error, $6 = HTTP status or NULL,
+-- $7 = response excerpt.
 WITH gone AS (
     DELETE FROM :"schema".deliveries
     WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
@@ -281,7 +297,11 @@ WITH gone AS (
     SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers, e.idempotency_key, e.created_at,
            gone.attempts, $5, $6, $7, gone.destination
     FROM gone JOIN :"schema".events e ON e.id = gone.event_id
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (id, destination) DO UPDATE
+        SET topic = excluded.topic, ordering_key = excluded.ordering_key, payload = excluded.payload,
+            headers = excluded.headers, idempotency_key = excluded.idempotency_key,
+            created_at = excluded.created_at, attempts = excluded.attempts, last_error = excluded.last_error,
+            last_status = excluded.last_status, response_excerpt = excluded.response_excerpt, died_at = now()
 )
 SELECT event_id FROM gone;
 
@@ -296,6 +316,21 @@ RETURNING e.id;
 -- name: purge_idempotency_keys
 -- $1 = retention in ms. Returns how many keys were forgotten.
 SELECT :"schema".purge_idempotency_keys($1 * interval '1 millisecond');
+
+-- name: purge_dead_letters
+-- Dead letters that died more than $1 ms ago, oldest first, at most $2 of
+-- them: the relay calls it at every sweep, batch after batch, so a large
+-- purge is many short deletes, never one long one. By ctid: one TID scan for
+-- the rows the index found. A dead letter that died again in between (its
+-- ctid changed) is not purged.
+DELETE FROM :"schema".dead_letters
+WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM :"schema".dead_letters
+        WHERE died_at < now() - $1 * interval '1 millisecond'
+        ORDER BY died_at
+        LIMIT $2))
+  AND died_at < now() - $1 * interval '1 millisecond'
+RETURNING id;
 
 -- name: enqueue
 SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval '1 millisecond');

@@ -111,7 +111,7 @@ void store::connect() {
     queries_.prepare(*c, {"complete", "reschedule", "bury", "release", "enqueue", "fan_out",
                           "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
                           "reschedule_delivery", "bury_delivery", "delete_finished_events",
-                          "purge_idempotency_keys"});
+                          "purge_idempotency_keys", "purge_dead_letters"});
     conn_ = std::move(c);
 }
 
@@ -349,6 +349,16 @@ std::int64_t store::purge_idempotency_keys(std::chrono::milliseconds retention) 
         pqxx::nontransaction tx(c);
         return tx.exec_prepared1("purge_idempotency_keys", static_cast<long long>(retention.count()))[0]
             .as<std::int64_t>();
+    });
+}
+
+std::size_t store::purge_dead_letters(std::chrono::milliseconds retention, std::size_t batch) {
+    return guarded([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return static_cast<std::size_t>(
+            tx.exec_prepared("purge_dead_letters", static_cast<long long>(retention.count()),
+                             static_cast<long long>(batch))
+                .size());
     });
 }
 

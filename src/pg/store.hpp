@@ -173,6 +173,9 @@ public:
 
     // Forgets idempotency keys older than `retention`. Returns how many.
     std::int64_t purge_idempotency_keys(std::chrono::milliseconds retention);
+    // Deletes at most `batch` dead letters that died more than `retention`
+    // ago, oldest first. Returns how many.
+    std::size_t purge_dead_letters(std::chrono::milliseconds retention, std::size_t batch);
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
 

@@ -306,9 +306,10 @@ TEST_CASE("purge_dead_letters removes dead letters older than the retention, at 
     installed db;
     auto s = db.store("a");
     // Five that died 40 days ago (two of them one event at two destinations), one yesterday.
-    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, died_at, destination) "
-             "SELECT i, 't', '{{}}', '{{}}', now(), 1, now() - interval '40 days', d "
-             "FROM (VALUES (1, NULL), (2, NULL), (3, 'a'), (3, 'b'), (4, NULL)) AS v(i, d) RETURNING 1");
+    db.query("WITH old AS (INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, died_at, "
+             "destination) SELECT i, 't', '{{}}', '{{}}', now(), 1, now() - interval '40 days', d "
+             "FROM (VALUES (1, NULL), (2, NULL), (3, 'a'), (3, 'b'), (4, NULL)) AS v(i, d) RETURNING 1) "
+             "SELECT count(*) FROM old");
     db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, died_at) "
              "VALUES (5, 't', '{{}}', '{{}}', now(), 1, now() - interval '1 day') RETURNING 1");
     constexpr auto thirty_days = std::chrono::hours(30 * 24);
