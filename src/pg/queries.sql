@@ -64,6 +64,16 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- claim after 50,000 events). Rows behind the watermark that arrive late (a
 -- long transaction commits an earlier available_at) are claimed as soon as a
 -- claim comes back less than full, which ends the drain mode.
+-- Outside a drain, :after_watermark is `e.available_at >= $3`: the low mark
+-- returned by the previous claim (last column of the extra row), its now()
+-- less 5 seconds. A claim that came back less than full took everything
+-- due and visible to it, except events of a blocked key; so what may still
+-- wait behind its low mark is only what a transaction older than 5 seconds
+-- commits later, and events whose key was blocked. The relay claims from
+-- the beginning of the index again at every sweep and after a keyed event
+-- finished. While a long transaction elsewhere holds back vacuum (and the
+-- marking of dead index entries), this keeps each claim from wading
+-- through the entries of every event delivered since that transaction began.
 WITH due AS (
     SELECT e.id, e.available_at
     FROM :"schema".events e
@@ -91,7 +101,7 @@ claimed AS (
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
            SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key),
-       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint
+       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint, NULL::text
 FROM claimed c
 UNION ALL
 -- One more row: milliseconds until the earliest work that is not due yet (a
@@ -112,7 +122,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        - now())) * 1000)::bigint END,
        EXISTS (SELECT 1 FROM :"schema".deliveries WHERE available_at <= now()),
        -- the watermark: the last row claimed, in claim order
-       last.available_at::text, last.id
+       last.available_at::text, last.id,
+       -- the low mark for the next claim outside a drain
+       (now() - interval '5 seconds')::text
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 

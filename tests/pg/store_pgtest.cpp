@@ -455,6 +455,23 @@ TEST_CASE("a claim behind a watermark skips what lies before it; a claim without
     CHECK(ids_of(s.claim(4, 30s).events) == std::vector<std::int64_t>{ids[5]});
 }
 
+TEST_CASE("a claim from the low mark skips what is due before it; the low mark is 5 s before the claim") {
+    installed db;
+    auto s = db.store("a");
+    for (int i = 0; i < 3; ++i) (void)s.enqueue(ev("t"));
+    const auto first = s.claim(10, 30s);
+    REQUIRE(first.events.size() == 3);
+    CHECK(db.query("SELECT '" + first.low_mark + "'::timestamptz BETWEEN now() - interval '6 seconds' "
+                   "AND now() - interval '4 seconds'") == "t");
+    // A late commit (due an hour ago), and an event due now.
+    const auto late = s.enqueue(ev("t"));
+    db.query("UPDATE {s}.events SET available_at = now() - interval '1 hour' WHERE id = " + std::to_string(late) +
+             " RETURNING 1");
+    const auto now_due = s.enqueue(ev("t"));
+    CHECK(ids_of(s.claim(10, 30s, std::nullopt, first.low_mark).events) == std::vector<std::int64_t>{now_due});
+    CHECK(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{late});
+}
+
 namespace {
 
 // The most rows any node of a plan produced (EXPLAIN ANALYZE, FORMAT JSON),
@@ -506,13 +523,16 @@ TEST_CASE("the claims' generic plans, made while the outbox was small, never rea
                 sql.pop_back();
             }
             tx.exec("PREPARE " + name + " AS " + sql);
-            tx.exec("EXPLAIN EXECUTE " + name + (name == "claim" ? "('a', 1)" : "('a', 1, '-infinity', 0)"));
+            tx.exec("EXPLAIN EXECUTE " + name +
+                    (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
         };
-        prepare("claim", s.claim_sql(128, false));
-        prepare("claim_after", s.claim_sql(128, true));
+        prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
+        prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
+        prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
 
         fill(20000);
-        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
+        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity')",
+                                          "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
             CAPTURE(execute);
             const auto text = tx.exec1("EXPLAIN (ANALYZE, FORMAT JSON) " + execute)[0].as<std::string>();
             double most = 0;
