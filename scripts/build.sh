@@ -15,7 +15,9 @@ cd "$root"
 
 "$root/scripts/deps.sh"
 
+# -Dwerror=true here, not as a project default: warnings fail development
+# and CI builds, never a packager's build with other flags or compilers.
 if [[ ! -f build/meson-private/coredata.dat ]]; then
-  meson setup build
+  meson setup build -Dwerror=true
 fi
 meson compile -C build "$@"

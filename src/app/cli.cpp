@@ -17,7 +17,7 @@ struct option_spec {
     bool takes_value = true;
 };
 
-constexpr std::array<option_spec, 36> known_options{{
+constexpr std::array<option_spec, 37> known_options{{
     {"config", ""},
     {"database-url", ""},
     {"database-connect-timeout", ""},
@@ -42,6 +42,7 @@ constexpr std::array<option_spec, 36> known_options{{
     {"max-attempts", "run check-config"},
     {"shutdown-timeout", "run check-config"},
     {"idempotency-retention", "run check-config"},
+    {"dead-letter-retention", "run check-config"},
     {"permanent-statuses", "run check-config"},
     {"throttle-statuses", "run check-config"},
     {"signing-secret", "run check-config", true},
@@ -198,6 +199,7 @@ each also as OUTBOXD_<NAME>, e.g. OUTBOXD_CONCURRENCY):
   --database-statement-timeout DURATION  the relay's statements, default 5s (0s: none); one
                             not answered within this plus 2s is given up and reconnected
   --idempotency-retention DURATION  forget idempotency keys after this, default 168h (0s: never)
+  --dead-letter-retention DURATION  delete dead letters this long after they died, default 720h (0s: never)
   --permanent-statuses LIST dead-letter at once on these, default 410
   --throttle-statuses LIST  honour Retry-After on these, default 429,502,503,504
   --signing-secret whsec_…  sign requests (Standard Webhooks v1); repeat to rotate keys.

@@ -326,16 +326,23 @@ private:
                 }
                 // Events come in prepared sizes (powers of two), at most what is left.
                 const auto size = pg::claim_size(n - got.size());
-                auto claimed = store.claim(size, lease, drain_watermark_);
+                auto claimed = store.claim(size, lease, drain_watermark_, low_mark_);
+                // Whether the claim that started at or before the low mark
+                // came back less than full: then its own low mark holds.
+                bool took_all = claimed.events.size() < size;
                 if (drain_watermark_ && claimed.events.size() < size) {
                     // The drain reached its end: look once more from the
-                    // start, for what committed late behind the watermark
-                    // (its NOTIFY came and went while we were draining).
+                    // low mark (or the start), for what committed late
+                    // behind the watermark (its NOTIFY came and went while
+                    // we were draining).
                     drain_watermark_.reset();
-                    auto behind = store.claim(pg::claim_size(size - claimed.events.size()), lease);
+                    const auto rest = pg::claim_size(size - claimed.events.size());
+                    auto behind = store.claim(rest, lease, std::nullopt, low_mark_);
+                    took_all = behind.events.size() < rest;
                     std::move(behind.events.begin(), behind.events.end(), std::back_inserter(claimed.events));
                     claimed.next_due = behind.next_due;
                     claimed.deliveries_due = behind.deliveries_due;
+                    claimed.low_mark = std::move(behind.low_mark);
                 }
                 const bool events_full = size > 0 && claimed.events.size() == size;
                 // A full claim means a backlog: the next one starts behind
@@ -345,6 +352,7 @@ private:
                 } else if (size > 0) {
                     drain_watermark_.reset();
                 }
+                if (size > 0 && took_all) low_mark_ = std::move(claimed.low_mark);
                 full = full || events_full;
                 std::move(claimed.events.begin(), claimed.events.end(), std::back_inserter(got));
                 if (!tried_deliveries && claimed.deliveries_due && !open.empty() && got.size() < n) {
@@ -467,9 +475,13 @@ private:
         sweep_timer_.expires_after(cfg_.sweep_interval);
         sweep_timer_.async_wait([this](const boost::system::error_code& ec) {
             if (ec || dispatch_.stopping()) return;
+            // What committed late behind the low mark: this claim starts
+            // from the beginning of the index.
+            worker_.submit([this](pg::store&) { low_mark_.reset(); });
             wake();
             purge_idempotency_keys();
             bury_orphan_deliveries();
+            purge_dead_letters();
             arm_sweep();
         });
     }
@@ -498,6 +510,29 @@ private:
                 }
             } catch (const std::exception& e) {
                 log::warn("checking for orphaned deliveries failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+            }
+        });
+    }
+
+    // One batch per job: a full batch queues the next behind whatever
+    // outcomes are waiting, so a large purge never delays them for long.
+    void purge_dead_letters() {
+        if (cfg_.dead_letter_retention.count() == 0) return;
+        outcome_worker_.submit([this, retention = cfg_.dead_letter_retention](pg::store& store) {
+            constexpr std::size_t batch = 1000;
+            try {
+                const auto purged = store.purge_dead_letters(retention, batch);
+                if (purged > 0) {
+                    log::info("purged dead letters past their retention",
+                              {{"count", fmt::format("{}", purged)}, {"retention", format_duration(retention)}});
+                }
+                if (purged == batch) {
+                    net::post(ioc_, [this] {
+                        if (!dispatch_.stopping()) purge_dead_letters();
+                    });
+                }
+            } catch (const std::exception& e) {
+                log::warn("purging dead letters failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
             }
         });
     }
@@ -838,7 +873,10 @@ private:
             // The next event of that key may be behind the drain watermark
             // (it was skipped while blocked): the next claim scans from the
             // start. Queued before that claim, on the claim thread.
-            worker_.submit([this](pg::store&) { drain_watermark_.reset(); });
+            worker_.submit([this](pg::store&) {
+                drain_watermark_.reset();
+                low_mark_.reset();
+            });
         }
         // A keyed event finished: the next event of its key may be due.
         start_claim(dispatch_.on_outcomes_recorded(batch.unblocks_key));
@@ -960,6 +998,9 @@ private:
     bool deliveries_due_ = true;
     // Where a backlog drain continues (see the claim in queries.sql); same thread.
     std::optional<pg::claim_watermark> drain_watermark_;
+    // Where claims outside a drain start (see the claim in queries.sql);
+    // claim thread only, like drain_watermark_.
+    std::optional<std::string> low_mark_;
     dispatcher dispatch_;
     net::signal_set signals_;
     net::steady_timer sweep_timer_;

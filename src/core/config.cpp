@@ -626,6 +626,8 @@ struct top_settings {
     setting<std::string> log_level{"info", builtin("relay.log_level")};
     setting<milliseconds> idempotency_retention{milliseconds(7 * 24 * 3'600'000),
                                                 builtin("relay.idempotency_retention")};
+    setting<milliseconds> dead_letter_retention{milliseconds(30 * 24 * 3'600'000LL),
+                                                builtin("relay.dead_letter_retention")};
     setting<bool> block_private_addresses{false, builtin("egress.block_private_addresses")};
 };
 
@@ -659,7 +661,7 @@ void read_top_tables(const file_reader& f, const inputs& in, const std::vector<e
         } else if (section.key == "relay") {
             for (const auto& e : entries(f, table_of(section), "relay",
                                          {"concurrency", "lease", "sweep_interval", "shutdown_timeout", "log_level",
-                                          "idempotency_retention"})) {
+                                          "idempotency_retention", "dead_letter_retention"})) {
                 if (e.key == "concurrency") {
                     top.concurrency = {static_cast<std::size_t>(int_of(e, 1, max_concurrency_limit)), e.from};
                 }
@@ -668,6 +670,9 @@ void read_top_tables(const file_reader& f, const inputs& in, const std::vector<e
                 if (e.key == "shutdown_timeout") top.shutdown_timeout = {duration_of(e, milliseconds(0)), e.from};
                 if (e.key == "idempotency_retention") {
                     top.idempotency_retention = {duration_of(e, milliseconds(0)), e.from};
+                }
+                if (e.key == "dead_letter_retention") {
+                    top.dead_letter_retention = {duration_of(e, milliseconds(0)), e.from};
                 }
                 if (e.key == "log_level") {
                     const auto* s = e.node->as_string();
@@ -731,6 +736,9 @@ void apply_env_and_flags(const inputs& in, top_settings& top) {
     });
     text_setting("OUTBOXD_IDEMPOTENCY_RETENTION", "idempotency-retention", [&](const std::string& v, const origin& o) {
         top.idempotency_retention = {duration_from_text(v, o, milliseconds(0)), o};
+    });
+    text_setting("OUTBOXD_DEAD_LETTER_RETENTION", "dead-letter-retention", [&](const std::string& v, const origin& o) {
+        top.dead_letter_retention = {duration_from_text(v, o, milliseconds(0)), o};
     });
     text_setting("OUTBOXD_LOG_LEVEL", "log-level", [&](const std::string& v, const origin& o) {
         top.log_level = {log_level_checked(v, o, quoted(v)), o};
@@ -1043,6 +1051,7 @@ config resolve_config(const config_sources& sources) {
     c.sweep_interval = top.sweep_interval.value;
     c.shutdown_timeout = top.shutdown_timeout.value;
     c.idempotency_retention = top.idempotency_retention.value;
+    c.dead_letter_retention = top.dead_letter_retention.value;
     c.block_private_addresses = top.block_private_addresses.value;
     for (auto& d : destinations) {
         // Unset, a destination may use every delivery slot of the relay: a
@@ -1102,6 +1111,7 @@ std::string render_config(const config& c) {
     line("shutdown_timeout", duration_value(c.shutdown_timeout));
     line("log_level", quoted(c.log_level));
     line("idempotency_retention", duration_value(c.idempotency_retention));
+    line("dead_letter_retention", duration_value(c.dead_letter_retention));
     out += "\n[egress]\n";
     line("block_private_addresses", c.block_private_addresses ? "true" : "false");
     const auto number = [](unsigned s) { return fmt::format("{}", s); };

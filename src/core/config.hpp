@@ -78,6 +78,9 @@ struct config {
     // at every sweep): a producer retrying with the same key later makes a
     // new event. 0 keeps them forever.
     std::chrono::milliseconds idempotency_retention{7 * 24 * 3'600'000};
+    // Dead letters that died longer ago than this are deleted (the relay
+    // purges them at every sweep, in small batches). 0 keeps them forever.
+    std::chrono::milliseconds dead_letter_retention{30 * 24 * 3'600'000LL};
     bool block_private_addresses = false; // egress (SSRF) guard
     std::vector<destination_config> destinations;
     std::vector<route_config> routes;

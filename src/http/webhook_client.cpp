@@ -919,7 +919,8 @@ client_config make_config(endpoint_url endpoint, client_options options) {
         throw std::invalid_argument("webhook endpoint has an invalid port");
     }
     c.port = static_cast<std::uint16_t>(port);
-    if (endpoint.target.empty()) endpoint.target = "/";
+    // push_back, not `= "/"`: GCC 12 -O3 reports a -Wrestrict false positive on that.
+    if (endpoint.target.empty()) endpoint.target.push_back('/');
     if (options.max_connections == 0) options.max_connections = 1;
 
     beast::error_code ec;

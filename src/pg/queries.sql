@@ -73,6 +73,16 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- claim after 50,000 events). Rows behind the watermark that arrive late (a
 -- long transaction commits an earlier available_at) are claimed as soon as a
 -- claim comes back less than full, which ends the drain mode.
+-- Outside a drain, :after_watermark is `e.available_at >= $3`: the low mark
+-- returned by the previous claim (last column of the extra row), its now()
+-- less 5 seconds. A claim that came back less than full took everything
+-- due and visible to it, except events of a blocked key; so what may still
+-- wait behind its low mark is only what a transaction older than 5 seconds
+-- commits later, and events whose key was blocked. The relay claims from
+-- the beginning of the index again at every sweep and after a keyed event
+-- finished. While a long transaction elsewhere holds back vacuum (and the
+-- marking of dead index entries), this keeps each claim from wading
+-- through the entries of every event delivered since that transaction began.
 WITH due AS (
     SELECT e.id, e.available_at, e.ordering_key
     FROM :"schema".events e
@@ -121,7 +131,7 @@ claimed AS (
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
            SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key),
-       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint, c.destinations
+       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint, c.destinations, NULL::text
 FROM claimed c
 UNION ALL
 -- One more row: milliseconds until the earliest work that is not due yet (a
@@ -144,7 +154,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- is filled in by the store): another relay's are none of its business
        EXISTS (SELECT 1 FROM :"schema".deliveries WHERE available_at <= now() AND :known_destination),
        -- the watermark: the last row claimed, in claim order
-       last.available_at::text, last.id, NULL
+       last.available_at::text, last.id, NULL,
+       -- the low mark for the next claim outside a drain
+       (now() - interval '5 seconds')::text
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 
@@ -250,6 +262,11 @@ SELECT id FROM retried;
 
 -- name: bury
 -- Failed for good: moved to dead letters in one statement. Fenced like `complete`.
+-- An id can die twice (its event re-inserted under the same id, an outbox
+-- restored with an older id sequence): the newer death replaces the older
+-- dead letter. It is what the row leaving `events` holds, so it must not be
+-- dropped; its error is the one to act on; and its died_at restarts the
+-- retention. Failing instead would fail the relay's whole outcome batch.
 WITH gone AS (
     DELETE FROM :"schema".events
     WHERE id = $1 AND attempts = $2 AND lease_owner = $3
@@ -265,6 +282,11 @@ INSERT INTO :"schema".dead_letters
 SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
        $4, $5, $6
 FROM gone
+ON CONFLICT (id, destination) DO UPDATE
+    SET topic = excluded.topic, ordering_key = excluded.ordering_key, payload = excluded.payload,
+        headers = excluded.headers, idempotency_key = excluded.idempotency_key,
+        created_at = excluded.created_at, attempts = excluded.attempts, last_error = excluded.last_error,
+        last_status = excluded.last_status, response_excerpt = excluded.response_excerpt, died_at = now()
 RETURNING id;
 
 -- name: release
@@ -320,7 +342,8 @@ WHERE e.id = $1
 ON CONFLICT (event_id, destination) DO NOTHING;
 
 -- name: fan_out_dead
--- One destination's delivery of event $1 failed for good.
+-- One destination's delivery of event $1 failed for good. Replaces an
+-- earlier dead letter of the event there, as in `bury`.
 -- $2 = destination, $3 = attempts there, $4 = error, $5 = HTTP status or NULL,
 -- $6 = response excerpt.
 INSERT INTO :"schema".dead_letters
@@ -329,7 +352,11 @@ INSERT INTO :"schema".dead_letters
 SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, $3, $4, $5, $6, $2
 FROM :"schema".events
 WHERE id = $1
-ON CONFLICT DO NOTHING;
+ON CONFLICT (id, destination) DO UPDATE
+    SET topic = excluded.topic, ordering_key = excluded.ordering_key, payload = excluded.payload,
+        headers = excluded.headers, idempotency_key = excluded.idempotency_key,
+        created_at = excluded.created_at, attempts = excluded.attempts, last_error = excluded.last_error,
+        last_status = excluded.last_status, response_excerpt = excluded.response_excerpt, died_at = now();
 
 -- name: lock_events
 -- Taken (in id order, so two relays cannot deadlock) before finishing
@@ -374,8 +401,9 @@ SELECT event_id FROM retried;
 
 -- name: bury_delivery
 -- One destination's delivery failed for good: a dead letter naming that
--- destination. Fenced. $1..$4 as reschedule_delivery, $5 = error,
--- $6 = HTTP status or NULL, $7 = response excerpt.
+-- destination (replacing an earlier one there, as in `bury`). Fenced.
+-- $1..$4 as reschedule_delivery, $5 = error, $6 = HTTP status or NULL,
+-- $7 = response excerpt.
 WITH gone AS (
     DELETE FROM :"schema".deliveries
     WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
@@ -392,7 +420,11 @@ WITH gone AS (
     SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers, e.idempotency_key, e.created_at,
            gone.attempts, $5, $6, $7, gone.destination
     FROM gone JOIN :"schema".events e ON e.id = gone.event_id
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (id, destination) DO UPDATE
+        SET topic = excluded.topic, ordering_key = excluded.ordering_key, payload = excluded.payload,
+            headers = excluded.headers, idempotency_key = excluded.idempotency_key,
+            created_at = excluded.created_at, attempts = excluded.attempts, last_error = excluded.last_error,
+            last_status = excluded.last_status, response_excerpt = excluded.response_excerpt, died_at = now()
 )
 SELECT event_id FROM gone;
 
@@ -428,6 +460,21 @@ RETURNING id, destination;
 -- name: purge_idempotency_keys
 -- $1 = retention in ms. Returns how many keys were forgotten.
 SELECT :"schema".purge_idempotency_keys($1 * interval '1 millisecond');
+
+-- name: purge_dead_letters
+-- Dead letters that died more than $1 ms ago, oldest first, at most $2 of
+-- them: the relay calls it at every sweep, batch after batch, so a large
+-- purge is many short deletes, never one long one. By ctid: one TID scan for
+-- the rows the index found. A dead letter that died again in between (its
+-- ctid changed) is not purged.
+DELETE FROM :"schema".dead_letters
+WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM :"schema".dead_letters
+        WHERE died_at < now() - $1 * interval '1 millisecond'
+        ORDER BY died_at
+        LIMIT $2))
+  AND died_at < now() - $1 * interval '1 millisecond'
+RETURNING id;
 
 -- name: enqueue
 SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval '1 millisecond');

@@ -149,14 +149,15 @@ void store::set_up(pqxx::connection& c) {
     }
     // Size 0 claims nothing and still reports what is due next.
     for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
-        c.prepare(fmt::format("claim_{}", size), claim_sql(size, false));
-        c.prepare(fmt::format("claim_after_{}", size), claim_sql(size, true));
+        c.prepare(fmt::format("claim_{}", size), claim_sql(size, claim_from::beginning));
+        c.prepare(fmt::format("claim_from_{}", size), claim_sql(size, claim_from::low_mark));
+        c.prepare(fmt::format("claim_after_{}", size), claim_sql(size, claim_from::drain_watermark));
         c.prepare(fmt::format("claim_deliveries_{}", size), sized("claim_deliveries", size));
     }
     queries_.prepare(c, {"complete", "reschedule", "bury", "release", "enqueue", "fan_out",
                          "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
                          "reschedule_delivery", "bury_delivery", "delete_finished_events",
-                         "purge_idempotency_keys"});
+                         "purge_idempotency_keys", "purge_dead_letters"});
 }
 
 // Claims are planned once and the plan serves whatever comes later, so it
@@ -188,11 +189,13 @@ std::string store::sized(std::string_view query, std::size_t size) const {
 }
 
 // The event claim with its size and watermark filled in.
-std::string store::claim_sql(std::size_t size, bool after_watermark) const {
+std::string store::claim_sql(std::size_t size, claim_from from) const {
     auto text = sized("claim", size);
     fill(text, "AND :after_watermark",
-         after_watermark ? "AND (e.available_at, e.id) > ($3::timestamptz, $4::bigint)" : "AND true");
-    fill(text, "WHEN :outside_drain", after_watermark ? "WHEN false" : "WHEN true");
+         from == claim_from::drain_watermark ? "AND (e.available_at, e.id) > ($3::timestamptz, $4::bigint)"
+         : from == claim_from::low_mark      ? "AND e.available_at >= $3::timestamptz"
+                                             : "AND true");
+    fill(text, "WHEN :outside_drain", from == claim_from::drain_watermark ? "WHEN false" : "WHEN true");
     // Literals, like the size: the set is fixed for the connection's life.
     const auto known = destinations_ ? quote_literal(text_array(*destinations_, [](const std::string& d) {
         return std::optional(d);
@@ -257,14 +260,15 @@ event read_claimed(const pqxx::row& row) {
 }  // namespace
 
 claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
-                          const std::optional<claim_watermark>& after) {
+                          const std::optional<claim_watermark>& after, const std::optional<std::string>& low_mark) {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         const auto size = claim_size(limit);
-        const auto r = after ? tx.exec_prepared(fmt::format("claim_after_{}", size), owner_,
-                                                static_cast<long long>(lease.count()), after->available_at, after->id)
-                             : tx.exec_prepared(fmt::format("claim_{}", size), owner_,
-                                                static_cast<long long>(lease.count()));
+        const auto lease_ms = static_cast<long long>(lease.count());
+        const auto r = after      ? tx.exec_prepared(fmt::format("claim_after_{}", size), owner_, lease_ms,
+                                                     after->available_at, after->id)
+                       : low_mark ? tx.exec_prepared(fmt::format("claim_from_{}", size), owner_, lease_ms, *low_mark)
+                                  : tx.exec_prepared(fmt::format("claim_{}", size), owner_, lease_ms);
         claim_result out;
         out.events.reserve(r.size());
         for (const auto& row : r) {
@@ -274,6 +278,7 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
                 }
                 out.deliveries_due = row[8].as<bool>();
                 if (!row[9].is_null()) out.last = claim_watermark{row[9].c_str(), row[10].as<std::int64_t>()};
+                out.low_mark = row[12].c_str();
                 continue;
             }
             auto e = read_claimed(row);
@@ -423,6 +428,16 @@ std::int64_t store::purge_idempotency_keys(std::chrono::milliseconds retention) 
         pqxx::nontransaction tx(c);
         return tx.exec_prepared1("purge_idempotency_keys", static_cast<long long>(retention.count()))[0]
             .as<std::int64_t>();
+    });
+}
+
+std::size_t store::purge_dead_letters(std::chrono::milliseconds retention, std::size_t batch) {
+    return guarded([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return static_cast<std::size_t>(
+            tx.exec_prepared("purge_dead_letters", static_cast<long long>(retention.count()),
+                             static_cast<long long>(batch))
+                .size());
     });
 }
 

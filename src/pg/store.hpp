@@ -101,6 +101,16 @@ struct claim_result {
     bool deliveries_due = false;
     // The last event claimed, in claim order (nullopt if none).
     std::optional<claim_watermark> last;
+    // Where the next claim outside a drain may start, if this one came back
+    // less than full (see the claim in queries.sql).
+    std::string low_mark;
+};
+
+// Where a claim of events starts, in claim order.
+enum class claim_from {
+    beginning,
+    low_mark,         // available_at at or after a low mark
+    drain_watermark,  // behind the last row of the previous full claim
 };
 
 // Claims come in sizes 1, 2, 4, ... 1024, one prepared statement each (see
@@ -155,9 +165,12 @@ public:
     // the next one (event or delivery) falls due (same statement, so nothing
     // falls between the two). `after`: only events behind that watermark
     // (see the claim in queries.sql: for draining a backlog; a claim without
-    // it must follow before events that committed late are seen).
+    // it must follow before events that committed late are seen). Else
+    // `low_mark`: only events due at or after it (a claim from the
+    // beginning must follow before late commits and unblocked keys are seen).
     [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease,
-                                     const std::optional<claim_watermark>& after = std::nullopt);
+                                     const std::optional<claim_watermark>& after = std::nullopt,
+                                     const std::optional<std::string>& low_mark = std::nullopt);
     // Up to claim_size(limit) due deliveries (event.destination set) to the
     // given destinations only, leased to us.
     [[nodiscard]] std::vector<event> claim_deliveries(std::size_t limit, std::chrono::milliseconds lease,
@@ -188,6 +201,9 @@ public:
 
     // Forgets idempotency keys older than `retention`. Returns how many.
     std::int64_t purge_idempotency_keys(std::chrono::milliseconds retention);
+    // Deletes at most `batch` dead letters that died more than `retention`
+    // ago, oldest first. Returns how many.
+    std::size_t purge_dead_letters(std::chrono::milliseconds retention, std::size_t batch);
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
 
@@ -195,7 +211,7 @@ public:
     // the delivery claim with its size, and the settings of the session that
     // runs them (plan_once): public for the tests that check the plan
     // PostgreSQL makes of them and race them against open transactions.
-    [[nodiscard]] std::string claim_sql(std::size_t size, bool after_watermark) const;
+    [[nodiscard]] std::string claim_sql(std::size_t size, claim_from from) const;
     [[nodiscard]] std::string claim_deliveries_sql(std::size_t size) const { return sized("claim_deliveries", size); }
     [[nodiscard]] static std::vector<std::string> plan_once_settings();
 

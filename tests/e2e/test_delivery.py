@@ -204,6 +204,15 @@ def test_the_relay_forgets_idempotency_keys_after_the_retention(db, receiver, re
     assert db.enqueue("orders.created", {"n": 2}, idempotency_key="order-2") == kept
 
 
+def test_the_relay_purges_dead_letters_after_the_retention(db, receiver, relay):
+    relay(receiver, "--dead-letter-retention", "1h", "--sweep-interval", "200ms")
+    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, died_at) "
+             "VALUES (1, 't', '{{}}', '{{}}', now(), 1, now() - interval '2 hours'), "
+             "(2, 't', '{{}}', '{{}}', now(), 1, now() - interval '30 minutes')")
+    assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.dead_letters") == 1, 5)
+    assert db.scalar("SELECT id FROM {s}.dead_letters") == 2
+
+
 def test_an_event_committed_late_during_a_backlog_drain_is_not_left_behind(db, receiver, relay):
     # A producer's transaction starts (its events are due from its start)
     # and commits while a backlog of later events drains. The drain claims

@@ -271,6 +271,55 @@ TEST_CASE("bury moves the event to dead letters with what went wrong") {
           fmt::format("{}|orders|k1|1|410|gone for good|idem", id));
 }
 
+TEST_CASE("bury of an id that already has a dead letter succeeds and keeps the newer death") {
+    // An event id can come back after it died: a producer re-inserts the
+    // event under its id, or an outbox is restored with an older id sequence.
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev("orders"));
+    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, last_error, died_at) "
+             "VALUES (" + std::to_string(id) + ", 'orders', '{{}}', '{{}}', now() - interval '3 days', 7, 'old', "
+             "now() - interval '2 days') RETURNING 1");
+    REQUIRE(s.claim(1, 30s).events.size() == 1);
+    CHECK(s.bury({id, 1}, "permanent failure: HTTP 410", 410, "gone"));
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    CHECK(db.query("SELECT count(*) || '|' || min(attempts) || '|' || min(last_error) || '|' || min(last_status) || "
+                   "'|' || bool_and(died_at > now() - interval '1 minute') FROM {s}.dead_letters") ==
+          "1|1|permanent failure: HTTP 410|410|true");
+}
+
+TEST_CASE("a destination's dead delivery replaces an earlier dead letter of that event and destination") {
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev("orders"));
+    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, last_error, died_at, "
+             "destination) VALUES (" + std::to_string(id) + ", 'orders', '{{}}', '{{}}', now(), 7, 'old', "
+             "now() - interval '2 days', 'hooks') RETURNING 1");
+    const auto claimed = s.claim(1, 30s).events;
+    REQUIRE(claimed.size() == 1);
+    CHECK(s.fan_out({id, 1}, {}, std::vector<pg::dead_delivery>{{"hooks", 3, "HTTP 410", 410, "gone"}}));
+    CHECK(db.query("SELECT count(*) || '|' || min(attempts) || '|' || min(last_error) || '|' || "
+                   "bool_and(died_at > now() - interval '1 minute') FROM {s}.dead_letters") == "1|3|HTTP 410|true");
+}
+
+TEST_CASE("purge_dead_letters removes dead letters older than the retention, at most a batch at a time") {
+    installed db;
+    auto s = db.store("a");
+    // Five that died 40 days ago (two of them one event at two destinations), one yesterday.
+    db.query("WITH old AS (INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, died_at, "
+             "destination) SELECT i, 't', '{{}}', '{{}}', now(), 1, now() - interval '40 days', d "
+             "FROM (VALUES (1, NULL), (2, NULL), (3, 'a'), (3, 'b'), (4, NULL)) AS v(i, d) RETURNING 1) "
+             "SELECT count(*) FROM old");
+    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, died_at) "
+             "VALUES (5, 't', '{{}}', '{{}}', now(), 1, now() - interval '1 day') RETURNING 1");
+    constexpr auto thirty_days = std::chrono::hours(30 * 24);
+    CHECK(s.purge_dead_letters(thirty_days, 2) == 2);
+    CHECK(s.purge_dead_letters(thirty_days, 2) == 2);
+    CHECK(s.purge_dead_letters(thirty_days, 2) == 1);
+    CHECK(s.purge_dead_letters(thirty_days, 2) == 0);
+    CHECK(db.query("SELECT string_agg(id::text, ',') FROM {s}.dead_letters") == "5");
+}
+
 TEST_CASE("release hands back what we hold, due now") {
     installed db;
     auto a = db.store("relay-a");
@@ -406,6 +455,23 @@ TEST_CASE("a claim behind a watermark skips what lies before it; a claim without
     CHECK(ids_of(s.claim(4, 30s).events) == std::vector<std::int64_t>{ids[5]});
 }
 
+TEST_CASE("a claim from the low mark skips what is due before it; the low mark is 5 s before the claim") {
+    installed db;
+    auto s = db.store("a");
+    for (int i = 0; i < 3; ++i) (void)s.enqueue(ev("t"));
+    const auto first = s.claim(10, 30s);
+    REQUIRE(first.events.size() == 3);
+    CHECK(db.query("SELECT '" + first.low_mark + "'::timestamptz BETWEEN now() - interval '6 seconds' "
+                   "AND now() - interval '4 seconds'") == "t");
+    // A late commit (due an hour ago), and an event due now.
+    const auto late = s.enqueue(ev("t"));
+    db.query("UPDATE {s}.events SET available_at = now() - interval '1 hour' WHERE id = " + std::to_string(late) +
+             " RETURNING 1");
+    const auto now_due = s.enqueue(ev("t"));
+    CHECK(ids_of(s.claim(10, 30s, std::nullopt, first.low_mark).events) == std::vector<std::int64_t>{now_due});
+    CHECK(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{late});
+}
+
 namespace {
 
 // The most rows any node of a plan produced (EXPLAIN ANALYZE, FORMAT JSON),
@@ -457,13 +523,16 @@ TEST_CASE("the claims' generic plans, made while the outbox was small, never rea
                 sql.pop_back();
             }
             tx.exec("PREPARE " + name + " AS " + sql);
-            tx.exec("EXPLAIN EXECUTE " + name + (name == "claim" ? "('a', 1)" : "('a', 1, '-infinity', 0)"));
+            tx.exec("EXPLAIN EXECUTE " + name +
+                    (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
         };
-        prepare("claim", s.claim_sql(128, false));
-        prepare("claim_after", s.claim_sql(128, true));
+        prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
+        prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
+        prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
 
         fill(20000);
-        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
+        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity')",
+                                          "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
             CAPTURE(execute);
             const auto text = tx.exec1("EXPLAIN (ANALYZE, FORMAT JSON) " + execute)[0].as<std::string>();
             double most = 0;

@@ -120,6 +120,7 @@ lease = "45s"
 sweep_interval = "250ms"
 shutdown_timeout = "3s"
 log_level = "debug"
+dead_letter_retention = "2160h"
 
 [egress]
 block_private_addresses = true
@@ -179,6 +180,7 @@ destinations = ["plain"]
     CHECK(c.sweep_interval == 250ms);
     CHECK(c.shutdown_timeout == 3s);
     CHECK(c.log_level == "debug");
+    CHECK(c.dead_letter_retention == 2160h);
     CHECK(c.block_private_addresses);
 
     REQUIRE(c.destinations.size() == 3);
@@ -251,6 +253,7 @@ TEST_CASE("config: built-in defaults with only the --url shortcut") {
     CHECK(c.lease == 30s);
     CHECK(c.sweep_interval == 30s);
     CHECK(c.shutdown_timeout == 10s);
+    CHECK(c.dead_letter_retention == 720h);  // 30 days
     CHECK_FALSE(c.block_private_addresses);
     REQUIRE(c.destinations.size() == 1);
     const auto& d = c.destinations[0];
@@ -291,6 +294,7 @@ TEST_CASE("config: every flag of today's `outboxd run` keeps its meaning") {
         {"retry-cap", {"200ms"}},
         {"max-attempts", {"3"}},
         {"shutdown-timeout", {"0s"}},
+        {"dead-letter-retention", {"48h"}},
         {"permanent-statuses", {""}},  // empty: none
         {"throttle-statuses", {"429, 503"}},
         {"signing-secret", {std::string(secret_a), std::string(secret_b) + " " + std::string(secret_a)}},
@@ -306,6 +310,7 @@ TEST_CASE("config: every flag of today's `outboxd run` keeps its meaning") {
     CHECK(c.lease == 2s);
     CHECK(c.sweep_interval == 1h);
     CHECK(c.shutdown_timeout == 0s);
+    CHECK(c.dead_letter_retention == 48h);
     CHECK(c.block_private_addresses);
     const auto& d = c.destinations.at(0);
     CHECK(d.url.target == "/x");
@@ -342,6 +347,7 @@ TEST_CASE("config: every environment variable") {
         {"OUTBOXD_THROTTLE_STATUSES", "503"},
         {"OUTBOXD_SIGNING_SECRETS", std::string(secret_a) + " " + std::string(secret_b)},
         {"OUTBOXD_CA_FILE", "/env-ca.pem"},
+        {"OUTBOXD_DEAD_LETTER_RETENTION", "0s"},
         {"OUTBOXD_INSECURE_SKIP_TLS_VERIFY", "true"},
         {"OUTBOXD_SOMETHING_NEW", "ignored"},  // unknown OUTBOXD_* variables are not errors
     };
@@ -352,6 +358,7 @@ TEST_CASE("config: every environment variable") {
     CHECK(c.lease == 40s);
     CHECK(c.sweep_interval == 5s);
     CHECK(c.shutdown_timeout == 1min);
+    CHECK(c.dead_letter_retention == 0s);  // 0: kept forever
     CHECK(c.block_private_addresses);
     const auto& d = c.destinations.at(0);
     CHECK(d.name == "default");
@@ -597,6 +604,8 @@ TEST_CASE("config: table of file errors: every key, wrong type and invalid value
          "t.toml:2:1: relay.shutdown_timeout: expected a duration like \"5s\" or \"250ms\", got \"-1s\""},
         {"[relay]\nidempotency_retention = \"forever\"\n",
          "t.toml:2:1: relay.idempotency_retention: expected a duration like \"5s\" or \"250ms\", got \"forever\""},
+        {"[relay]\ndead_letter_retention = \"-1h\"\n",
+         "t.toml:2:1: relay.dead_letter_retention: expected a duration like \"5s\" or \"250ms\", got \"-1h\""},
         {"[relay]\nlog_level = 1\n", "t.toml:2:1: relay.log_level: expected debug, info, warn or error, got 1"},
         {"[relay]\nlog_level = \"chatty\"\n",
          "t.toml:2:1: relay.log_level: expected debug, info, warn or error, got \"chatty\""},
@@ -994,6 +1003,7 @@ destinations = ["log"]
     CHECK(c.lease == original.lease);
     CHECK(c.sweep_interval == original.sweep_interval);
     CHECK(c.shutdown_timeout == original.shutdown_timeout);
+    CHECK(c.dead_letter_retention == original.dead_letter_retention);
     CHECK(c.log_level == original.log_level);
     CHECK(c.block_private_addresses == original.block_private_addresses);
     REQUIRE(c.destinations.size() == original.destinations.size());

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Claim cost while a long transaction elsewhere holds back vacuum.
+#
+#   bench/long_transaction.sh [HOLD_SECONDS [RATE]]   defaults: 120 s, 300 events/s
+#
+# Starts its own durable PostgreSQL with pg_stat_statements, the bench
+# receiver, build/outboxd (debug log) and a paced producer; after 10 s of
+# load it opens a REPEATABLE READ transaction that takes an xid and a
+# snapshot and holds it for HOLD_SECONDS. Prints per statement the mean
+# execution time over the hold, then the relay's claim round trip (claim_us
+# of its "claimed" debug lines) per 15 s from the start of the hold: median
+# and 90th percentile. Builds nothing (scripts/build.sh first). Removes its
+# cluster on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hold=${1:-120}
+rate=${2:-300}
+
+dir=$(mktemp -d /tmp/outboxd-longtx.XXXXXX)
+chmod 755 "$dir"
+pgdir=$dir/pg
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  scripts/pg.sh stop "$pgdir" >/dev/null 2>&1 || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+scripts/pg.sh start "$pgdir" >/dev/null
+scripts/pg.sh stop "$pgdir" >/dev/null
+printf "shared_preload_libraries = 'pg_stat_statements'\n" >> "$pgdir/postgresql.conf"
+url=$(scripts/pg.sh start "$pgdir" | tail -1)
+psql -X -q "$url" -c "CREATE EXTENSION pg_stat_statements"
+build/outboxd migrate --database-url "$url" --schema outbox 2>/dev/null
+
+build/bench/outboxd-bench-receiver --port-file "$dir/port" --threads 1 >"$dir/receiver.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do [[ -s $dir/port ]] && break; sleep 0.1; done
+build/outboxd --log-level debug run --database-url "$url" --url "http://127.0.0.1:$(cat "$dir/port")/" \
+  2>"$dir/relay.log" &
+pids+=($!)
+build/bench/outboxd-bench-producer --database-url "$url" --run 1 --out "$dir/producer.out" --mode paced \
+  --rate "$rate" --count "$((rate * (hold + 20)))" >"$dir/producer.log" 2>&1 &
+producer=$!
+pids+=($producer)
+
+sleep 10  # steady load first
+psql -X -q "$url" -c "SELECT pg_stat_statements_reset()" >/dev/null
+date +%s.%N >"$dir/hold_start"
+psql -X -q "$url" -c "BEGIN ISOLATION LEVEL REPEATABLE READ" -c "SELECT txid_current()" \
+  -c "SELECT count(*) FROM outbox.events" -c "SELECT pg_sleep($hold)" -c "COMMIT" >/dev/null
+psql -X "$url" -c "
+  SELECT calls, round((total_exec_time / calls)::numeric * 1000) AS exec_us_per_call,
+         round(rows::numeric / calls, 1) AS rows_per_call,
+         left(regexp_replace(query, '\s+', ' ', 'g'), 50) AS statement
+  FROM pg_stat_statements WHERE calls > 10 ORDER BY total_exec_time DESC LIMIT 4"
+wait "$producer" || true
+
+/usr/bin/python3 - "$dir" <<'PY'
+import datetime, re, sys
+d = sys.argv[1]
+start = float(open(d + "/hold_start").read())
+buckets = {}
+for line in open(d + "/relay.log"):
+    us, ts = re.search(r" claim_us=(\d+)", line), re.search(r"^ts=(\S+)", line)
+    if "msg=claimed" in line and us and ts:
+        t = datetime.datetime.fromisoformat(ts.group(1).replace("Z", "+00:00")).timestamp()
+        buckets.setdefault(int((t - start) // 15), []).append(int(us.group(1)))
+print("claim round trip, from the start of the hold:")
+for k in sorted(buckets):
+    v = sorted(buckets[k])
+    print(f"  {k * 15:+4d}..{k * 15 + 15:+4d} s  claims {len(v):5d}  median {v[len(v) // 2]:6d} us"
+          f"  p90 {v[int(len(v) * 0.9)]:6d} us")
+PY
