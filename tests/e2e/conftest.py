@@ -423,6 +423,10 @@ class Db:
         row = self.event(event_id)
         return None if row is None or row["fanned_out"] else row
 
+    def message_id(self, event_id: int) -> str:
+        """The event's webhook-id (sql/0005)."""
+        return self.scalar("SELECT {s}.message_id(%s)", (event_id,))
+
     def count_events(self) -> int:
         return self.scalar("SELECT count(*) FROM {s}.events")
 

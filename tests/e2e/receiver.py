@@ -60,10 +60,11 @@ def _default_responder(_req: Received):
 
 
 def _parse_event_id(value: Optional[str]) -> Optional[int]:
+    """The event id in a webhook-id: "msg_<outbox>_<id>" (or a bare number)."""
     if value is None:
         return None
     try:
-        return int(value.strip())
+        return int(value.strip().rsplit("_", 1)[-1])
     except ValueError:
         return None
 
