@@ -222,7 +222,11 @@ int cmd_enqueue(const parsed_args& args) {
         throw database_unavailable(err, dsn);
     }
     try {
-        std::cout << with_installed_outbox(schema, [&] { return store.enqueue(e); }) << '\n';
+        const auto id = with_installed_outbox(schema, [&] { return store.enqueue(e); });
+        // The id on stdout (for scripts), and the webhook-id consumers will see.
+        std::cout << id << '\n';
+        log::info("enqueued", {{"event_id", fmt::format("{}", id)},
+                               {"message_id", fmt::format("{}{}", store.message_prefix(), id)}});
         return exit_ok;
     } catch (const pqxx::sql_error& err) {
         // Class 22 (data exception) and 23 (integrity constraint): bad input.
@@ -292,7 +296,8 @@ int cmd_dead(const parsed_args& args) {
             const auto dead = pg::list_dead(*conn, schema, filter, limit);
             if (args.flag("json")) {
                 for (const auto& d : dead) {
-                    nlohmann::json j{{"id", d.id}, {"topic", d.topic}, {"attempts", d.attempts},
+                    nlohmann::json j{{"id", d.id}, {"message_id", d.message_id}, {"topic", d.topic},
+                                     {"attempts", d.attempts},
                                      {"last_error", d.last_error}, {"response_excerpt", d.response_excerpt},
                                      {"created_at", d.created_at}, {"died_at", d.died_at}};
                     j["ordering_key"] = d.ordering_key ? nlohmann::json(*d.ordering_key) : nlohmann::json();
@@ -307,8 +312,8 @@ int cmd_dead(const parsed_args& args) {
                 return exit_ok;
             }
             for (const auto& d : dead) {
-                std::cout << fmt::format("{}  {}  destination={}  key={}  attempts={}  status={}  died_at={}\n    {}\n",
-                                         d.id, d.topic, d.destination.value_or("(all)"),
+                std::cout << fmt::format("{}  {}  {}  destination={}  key={}  attempts={}  status={}  died_at={}\n    {}\n",
+                                         d.id, d.message_id, d.topic, d.destination.value_or("(all)"),
                                          d.ordering_key.value_or("-"), d.attempts,
                                          d.last_status ? fmt::format("{}", *d.last_status) : "-", d.died_at,
                                          d.last_error);

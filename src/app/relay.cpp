@@ -223,6 +223,7 @@ private:
         try {
             store_.connect();
             check_schema(store_.schema_version());
+            message_prefix_ = store_.message_prefix();
             outcome_store_.connect();
             listener_.connect_now();
         } catch (const fatal_error&) {
@@ -555,7 +556,7 @@ private:
         const auto unix_now = std::chrono::duration_cast<std::chrono::seconds>(
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
-        auto built = e.undecodable ? request_headers_result{{}, e.undecodable} : build_request_headers(e, unix_now);
+        auto built = e.undecodable ? request_headers_result{{}, e.undecodable} : build_request_headers(e, unix_now, message_prefix_);
         if (e.destination) {
             deliver_owed(std::move(e), std::move(built), unix_now, lease_end);
             return;
@@ -970,6 +971,8 @@ private:
     relay_options opts_;
     const config& cfg_;
     route_table routes_;
+    // What this outbox's webhook-ids start with (read at startup, sql/0005).
+    std::string message_prefix_;
     net::io_context ioc_;
     // Claims and outcome writes run on connections (and threads) of their
     // own, so a claim never queues behind a batch of acknowledgements.

@@ -50,10 +50,10 @@ bool is_reserved_header(std::string_view name) noexcept {
     return is_framing || starts_with_ci(name, "webhook-") || starts_with_ci(name, "outbox-");
 }
 
-request_headers_result build_request_headers(const event& e, std::int64_t unix_seconds) {
+request_headers_result build_request_headers(const event& e, std::int64_t unix_seconds, std::string_view id_prefix) {
     request_headers_result out;
     out.headers.reserve(5 + e.headers.size());
-    out.headers.emplace_back("webhook-id", fmt::format("{}", e.id));
+    out.headers.emplace_back("webhook-id", fmt::format("{}{}", id_prefix, e.id));
     out.headers.emplace_back("webhook-timestamp", fmt::format("{}", unix_seconds));
     out.headers.emplace_back("outbox-topic", e.topic);
     out.headers.emplace_back("outbox-attempt", fmt::format("{}", e.attempt));

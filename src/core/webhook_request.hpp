@@ -23,7 +23,11 @@ struct request_headers_result {
     std::optional<std::string> error;
 };
 
-[[nodiscard]] request_headers_result build_request_headers(const event& e, std::int64_t unix_seconds);
+// id_prefix: what the outbox's message ids start with ("msg_<16 hex>_",
+// sql/0005): webhook-id is the prefix and the event id, unique across
+// outboxes. Empty: the bare event id.
+[[nodiscard]] request_headers_result build_request_headers(const event& e, std::int64_t unix_seconds,
+                                                           std::string_view id_prefix = {});
 
 // Adds a destination's static headers (operator configuration, e.g. an
 // Authorization token) to headers built above: they replace event headers of

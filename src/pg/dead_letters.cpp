@@ -42,6 +42,7 @@ std::vector<dead_letter> list_dead(pqxx::connection& conn, const std::string& sc
         d.died_at = row[8].c_str();
         d.payload = row[9].c_str();
         if (!row[10].is_null()) d.destination = row[10].c_str();
+        d.message_id = row[11].c_str();
         out.push_back(std::move(d));
     }
     return out;

@@ -33,6 +33,7 @@ struct dead_letter {
     // The destination that gave up on the event; nullopt for a whole event
     // (it could not be sent at all, or no route matched its topic).
     std::optional<std::string> destination;
+    std::string message_id;  // its webhook-id (sql/0005), the same after a replay
 };
 
 // Work in the outbox per topic, each piece in exactly one state (see the

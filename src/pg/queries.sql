@@ -457,6 +457,11 @@ FROM gone
 ON CONFLICT DO NOTHING
 RETURNING id, destination;
 
+-- name: message_prefix
+-- What every webhook-id of this outbox starts with (sql/0005): the relay
+-- reads it once, at startup.
+SELECT 'msg_' || left(replace(id::text, '-', ''), 16) || '_' FROM :"schema".outbox_identity;
+
 -- name: purge_idempotency_keys
 -- $1 = retention in ms. Returns how many keys were forgotten.
 SELECT :"schema".purge_idempotency_keys($1 * interval '1 millisecond');
@@ -483,7 +488,7 @@ SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval
 -- $1 = topic pattern as a regular expression (topic_pattern::to_regex) or NULL, $2 = only those that died more than $2 ms ago (or NULL),
 -- $3 = limit. Oldest first.
 SELECT id, topic, ordering_key, attempts, last_status, last_error, response_excerpt,
-       created_at, died_at, payload::text, destination
+       created_at, died_at, payload::text, destination, :"schema".message_id(id)
 FROM :"schema".dead_letters
 WHERE ($1::text IS NULL OR topic ~ $1)
   AND ($2::bigint IS NULL OR died_at < now() - $2 * interval '1 millisecond')

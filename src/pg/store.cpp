@@ -412,6 +412,13 @@ std::size_t store::release() {
     });
 }
 
+std::string store::message_prefix() {
+    return guarded([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return tx.exec1(queries_.sql("message_prefix"))[0].as<std::string>();
+    });
+}
+
 std::vector<delivery_ref> store::bury_orphan_deliveries() {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);

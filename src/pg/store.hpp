@@ -195,6 +195,9 @@ public:
 
     [[nodiscard]] std::int64_t enqueue(const new_event& e);
 
+    // What this outbox's message ids start with (sql/0005, "msg_<hex>_").
+    [[nodiscard]] std::string message_prefix();
+
     // Moves deliveries whose event row is gone to dead letters (see
     // bury_orphan_deliveries in queries.sql). Returns them.
     [[nodiscard]] std::vector<delivery_ref> bury_orphan_deliveries();

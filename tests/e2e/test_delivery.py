@@ -32,7 +32,7 @@ def test_committed_event_is_delivered_exactly_once_with_headers(db, receiver, re
     assert req.status == 200
     assert req.method == "POST" and req.path == "/hook"
     assert json.loads(req.body) == payload, req.body
-    assert req.headers.get("webhook-id") == str(event_id)
+    assert req.headers.get("webhook-id") == db.message_id(event_id)
     assert req.headers.get("outbox-topic") == "orders.created"
     assert req.headers.get("outbox-ordering-key") == "order-7"
     assert req.headers.get("outbox-attempt") == "1"

@@ -45,7 +45,7 @@ def test_event_headers_are_sent_but_cannot_override_protocol_headers(db, receive
     for n in ("webhook-id", "webhook-timestamp", "outbox-topic", "outbox-attempt", "host",
               "content-length"):
         assert names.count(n) == 1, f"{n} sent {names.count(n)} times: {req.header_list}"
-    assert req.headers["webhook-id"] == str(event_id)
+    assert req.headers["webhook-id"] == db.message_id(event_id)
     assert req.headers["outbox-topic"] == "real.topic"
     assert req.headers["outbox-attempt"] == "1"
     assert int(req.headers["webhook-timestamp"]) > 1_000_000_000

@@ -24,7 +24,7 @@ def test_one_json_line_per_event_with_its_headers_and_payload(db, relay):
     assert first["topic"] == "orders.created" and first["ordering_key"] is None
     assert first["payload"] == {"order": 1, "text": "é \" \\ \n"}
     assert first["attempt"] == 1
-    assert first["headers"]["webhook-id"] == str(plain)
+    assert first["headers"]["webhook-id"] == db.message_id(plain)
     assert second["ordering_key"] == "order-1"
     assert second["headers"]["X-Tenant"] == "acme"
     assert second["headers"]["outbox-topic"] == "orders.paid"
