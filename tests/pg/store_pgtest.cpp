@@ -392,8 +392,14 @@ TEST_CASE("a lost connection is reported and the next call reconnects") {
     bool threw = false;
     try {
         (void)s.claim(10, 30s).events;
-    } catch (const pqxx::broken_connection&) {
+    } catch (const pqxx::broken_connection& e) {
         threw = true;
+        // Reads as what happens next, whatever libpq's words were
+        // ("server closed the connection unexpectedly", "Could not obtain
+        // client encoding: not connected.", ...); those follow on one line.
+        const std::string what = e.what();
+        CHECK(what.starts_with("lost the connection to the database; reconnecting at the next statement ("));
+        CHECK(what.find('\n') == std::string::npos);
     }
     CHECK(threw);
     CHECK_FALSE(s.connected());
