@@ -223,9 +223,12 @@ template <typename F>
 auto store::guarded(F&& f) {
     try {
         return with_deadline(conn(), call_limit(statement_timeout_), std::forward<F>(f));
-    } catch (const pqxx::broken_connection&) {
+    } catch (const pqxx::broken_connection& e) {
         conn_.reset();
-        throw;
+        // libpq's words alone read like riddles ("Could not obtain client
+        // encoding: not connected."); say what happens next.
+        throw pqxx::broken_connection(fmt::format(
+            "lost the connection to the database; reconnecting at the next statement ({})", one_line(e.what())));
     }
 }
 
