@@ -359,3 +359,35 @@ TEST_CASE("a delivery without its event is never claimed, and the sweep turns it
     // Its key is free again at x.
     CHECK(claimed(claim_all(s, 10)) == std::vector{at(later, "*")});
 }
+
+TEST_CASE("a dead letter whose event is back in the outbox (not fanned out) waits: replaying it loses nothing") {
+    // E died at x and at y. x's dead letter is replayed first: E is back,
+    // whole, owed to x. Replaying y's now must not hang a delivery on E
+    // (E leaves the table when x is done, and y's payload with it): it stays
+    // a dead letter until E has left, and replays then.
+    installed db;
+    auto s = db.store("a");
+    const auto id = s.enqueue(ev());
+    REQUIRE(claim_all(s, 10).size() == 1);
+    REQUIRE(s.fan_out({id, 1}, {},
+                      std::vector{pg::dead_delivery{"x", 1, "HTTP 410", 410, ""},
+                                  pg::dead_delivery{"y", 1, "HTTP 410", 410, ""}}));
+    (void)db.query("WITH older AS (UPDATE {s}.dead_letters SET died_at = now() - interval '2 hours' "
+                   "WHERE destination = 'x' RETURNING 1) SELECT count(*) FROM older");
+    CHECK(pg::replay_dead(*db.admin, db.schema.name(), {std::nullopt, std::nullopt, 1h}) ==
+          std::vector<std::int64_t>{id});
+
+    // y's turn, while E is back: nothing replayed, nothing lost.
+    CHECK(pg::replay_dead(*db.admin, db.schema.name(), {}).empty());
+    CHECK(db.query("SELECT count(*) FROM {s}.dead_letters WHERE destination = 'y'") == "1");
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries") == "0");
+
+    const auto got = claim_all(s, 10);
+    REQUIRE(claimed(got) == std::vector{at(id, "*")});
+    REQUIRE(s.complete(std::vector{pg::lease_ref{id, got[0].attempt}}).size() == 1);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+
+    // E has left: y's dead letter replays now, to y only.
+    CHECK(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{id});
+    CHECK(db.query("SELECT destinations::text FROM {s}.events WHERE id = " + std::to_string(id)) == "{y}");
+}
