@@ -245,3 +245,29 @@ def test_an_unroutable_event_does_not_hold_back_its_key_and_follows_the_configur
         # Re-routing a poison event: replay it once a route matches.
         replay = outboxd("dead", "replay", "--id", str(poison), "--database-url", db.url, "--schema", db.schema)
         assert replay.rc == 0, replay
+
+
+def test_a_replayed_event_owed_to_a_destination_no_relay_knows_holds_back_its_key_there_only(db, relay, tmp_path):
+    """A dead letter of a destination since removed from every configuration
+    is replayed: the event comes back owed to that destination alone. It
+    waits there, in a delivery row of its own, and the later events of its
+    key still reach the destinations that exist. A destination may even be
+    called "null" (an array's text form quotes that word)."""
+    def insert(topic, key, destinations):
+        return db.scalar("INSERT INTO {s}.events (topic, ordering_key, payload, destinations) "
+                         "VALUES (%s, %s, '{{}}', %s) RETURNING id", (topic, key, destinations))
+
+    gone = insert("orders.old", "K", ["gone"])
+    later = db.enqueue("orders.new", {"n": 2}, key="K")
+    to_null = insert("orders.other", None, ["null"])
+    config = ('[defaults.retry]\nbase = "100ms"\ncap = "200ms"\n\n'
+              '[destinations.a]\nurl = "{a}"\n\n[destinations.null]\nurl = "{n}"\n\n'
+              '[[routes]]\ntopics = [">"]\ndestinations = ["a", "null"]\n')
+    with Receiver() as a, Receiver() as n:
+        relay(None, "--config", write_config(tmp_path, config.format(a=a.url, n=n.url)), "--sweep-interval", "1h")
+        assert wait_delivered(a, [later], 10) and wait_delivered(n, [later, to_null], 10), \
+            (a.snapshot(), n.snapshot(), db.events(), db.deliveries())
+        assert wait_until(lambda: db.deliveries(gone), 10), db.events()
+        [row] = db.deliveries(gone)
+        assert row["destination"] == "gone" and row["attempts"] == 0 and row["last_error"] is None, row
+        assert gone not in ok(a) + ok(n) and to_null not in ok(a)
