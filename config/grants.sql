@@ -20,6 +20,8 @@
 GRANT USAGE ON SCHEMA :"schema" TO :"producer", :"relay";
 
 GRANT SELECT, INSERT ON :"schema".events, :"schema".idempotency_keys TO :"producer";
+-- message_id(): the outbox's identity, which every webhook-id carries.
+GRANT SELECT ON :"schema".outbox_identity TO :"producer";
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA :"schema" TO :"producer";
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA :"schema" TO :"relay";

@@ -222,11 +222,13 @@ int cmd_enqueue(const parsed_args& args) {
         throw database_unavailable(err, dsn);
     }
     try {
+        // Read before the event is written: once it is committed, nothing
+        // may fail the command (a retrying script would enqueue it twice).
+        const auto prefix = with_installed_outbox(schema, [&] { return store.message_prefix(); });
         const auto id = with_installed_outbox(schema, [&] { return store.enqueue(e); });
         // The id on stdout (for scripts), and the webhook-id consumers will see.
         std::cout << id << '\n';
-        log::info("enqueued", {{"event_id", fmt::format("{}", id)},
-                               {"message_id", fmt::format("{}{}", store.message_prefix(), id)}});
+        log::info("enqueued", {{"event_id", fmt::format("{}", id)}, {"message_id", fmt::format("{}{}", prefix, id)}});
         return exit_ok;
     } catch (const pqxx::sql_error& err) {
         // Class 22 (data exception) and 23 (integrity constraint): bad input.
@@ -322,6 +324,14 @@ int cmd_dead(const parsed_args& args) {
         }
         if (args.subcommand == "replay") {
             const auto ids = pg::replay_dead(*conn, schema, filter);
+            const auto left = pg::count_dead(*conn, schema, filter);
+            if (left > 0) {
+                const auto why = fmt::format("{} dead letter{} not replayed: {} event is back in the outbox (an "
+                                             "earlier replay), and replays once it has left",
+                                             left, left == 1 ? "" : "s", left == 1 ? "its" : "their");
+                if (filter.id && ids.empty()) throw fatal_error(exit_invalid_input, why);
+                log::warn(why);
+            }
             if (filter.id && ids.empty()) {
                 throw fatal_error(exit_invalid_input, fmt::format("no dead letter with id {}; nothing replayed "
                                                                   "(`outboxd dead list` shows them)",

@@ -395,7 +395,10 @@ private:
         // Count the batch as in flight before delivering any of it: an event
         // that cannot be sent finishes inside deliver().
         const auto next = dispatch_.on_claimed(claimed.size(), asked);
-        const auto lease_end = std::chrono::steady_clock::now() + cfg_.lease;
+        // From when the claim began, not when it came back: the database's
+        // lease started at its statement's now(), and the statements (which
+        // may wait on another claim's key hold) and the hand-off take time.
+        const auto lease_end = timing.started + cfg_.lease;
         for (auto& e : claimed) ready_.push_back({std::move(e), lease_end});
         pump();
         start_claim(next);
@@ -573,8 +576,21 @@ private:
             return;
         }
         const auto targets = e.only_to.empty() ? routes_.match(e.topic) : named_destinations(e.only_to);
-        if (targets.empty()) {
+        if (targets.empty() && e.only_to.empty()) {
             unroutable(e);
+            return;
+        }
+        if (targets.size() < e.only_to.size()) {
+            // A replayed event owed to destinations of which this relay does
+            // not know some: each gets its own delivery row, where a relay
+            // that knows it delivers it (and a destination nobody knows
+            // holds back its key there only, as any stalled destination).
+            // Not an attempt.
+            fan_out_item item{ref, {}, {}};
+            for (const auto& name : e.only_to) item.owed.push_back({name, milliseconds(0), e.attempt - 1, {}});
+            pending_.fan_outs.push_back(std::move(item));
+            pending_.unblocks_key = pending_.unblocks_key || keyed;
+            finished();
             return;
         }
         if (e.key_pending) {
@@ -812,10 +828,7 @@ private:
     // its key meanwhile: it becomes a dead letter at once instead.
     void unroutable(const event& e) {
         const pg::lease_ref ref{e.id, e.attempt};
-        const auto why = e.only_to.empty()
-                             ? fmt::format("no route matches topic '{}'", e.topic)
-                             : fmt::format("destinations {} are not in this relay's configuration",
-                                           fmt::join(e.only_to, ", "));
+        const auto why = fmt::format("no route matches topic '{}'", e.topic);
         if (e.ordering_key) {
             const auto dead_why = fmt::format("{}; dead-lettered at once so that it does not hold back the later "
                                               "events of its ordering key (replay it once a route matches)",

@@ -63,6 +63,15 @@ std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string&
     return ids;
 }
 
+std::size_t count_dead(pqxx::connection& conn, const std::string& schema, const dead_filter& filter) {
+    const query_book q(schema);
+    pqxx::nontransaction tx(conn);
+    const auto id = as_text(filter.id);
+    const auto older = as_text(filter.older_than);
+    return tx.exec_params1(q.sql("dead_replay_left"), nullable(id), nullable(filter.topic), nullable(older))[0]
+        .as<std::size_t>();
+}
+
 std::size_t purge_dead(pqxx::connection& conn, const std::string& schema, std::chrono::milliseconds older_than,
                        const std::optional<std::string>& topic, bool dry_run) {
     const query_book q(schema);

@@ -57,6 +57,10 @@ struct topic_status {
                                                  const dead_filter& filter, std::size_t limit);
 
 // Returns the ids put back into the outbox (due now, attempts reset).
+// Dead letters that still match `filter`: after replay_dead, those it left
+// because their event is back in the outbox (they replay once it has left).
+[[nodiscard]] std::size_t count_dead(pqxx::connection& conn, const std::string& schema, const dead_filter& filter);
+
 [[nodiscard]] std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string& schema,
                                                     const dead_filter& filter);
 

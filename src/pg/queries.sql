@@ -88,9 +88,6 @@ WITH due AS (
     FROM :"schema".events e
     WHERE e.available_at <= now()
       AND :after_watermark
-      -- a replayed event owed to named destinations only, all of them this
-      -- relay's (filled in by the store, like :known_destination below)
-      AND :sendable_here
       AND (e.ordering_key IS NULL OR NOT EXISTS (
               SELECT 1 FROM :"schema".events other
               WHERE other.ordering_key = e.ordering_key
@@ -126,7 +123,7 @@ claimed AS (
     WHERE e.id = ANY (ARRAY(SELECT id FROM due WHERE ordering_key IS NULL
                             UNION ALL SELECT event_id FROM held))
     RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
-              e.destinations::text AS destinations
+              array_to_string(e.destinations, ',') AS destinations
 )
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
@@ -521,13 +518,19 @@ FOR UPDATE;
 -- event (its row is still here) as one more delivery row; otherwise as the
 -- event again, owed to the destinations it died at (events.destinations),
 -- so that the claim holds it to its key's order like any event (sql/0004).
+-- A dead letter whose event is back in the outbox as a whole event (an
+-- earlier replay, not finished yet) stays a dead letter: a delivery hung on
+-- that event would leave with it, payload and all. dead_replay_left counts
+-- those; they replay once the event has left.
 -- $1 = one id or NULL, $2 = topic pattern as a regular expression or NULL,
 -- $3 = older than $3 ms or NULL.
 WITH revived AS (
-    DELETE FROM :"schema".dead_letters
+    DELETE FROM :"schema".dead_letters dl
     WHERE ($1::bigint IS NULL OR id = $1)
       AND ($2::text IS NULL OR topic ~ $2)
       AND ($3::bigint IS NULL OR died_at < now() - $3 * interval '1 millisecond')
+      AND NOT EXISTS (SELECT 1 FROM :"schema".events e
+                      WHERE e.id = dl.id AND (dl.destination IS NULL OR NOT e.fanned_out))
     RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, last_error, destination
 ), whole AS (
     INSERT INTO :"schema".events
@@ -553,6 +556,14 @@ WITH revived AS (
     ON CONFLICT (event_id, destination) DO NOTHING
 )
 SELECT DISTINCT id FROM revived ORDER BY id;
+
+-- name: dead_replay_left
+-- Dead letters that match a replay's filter, run after it: those it left
+-- where they were (their event is back in the outbox). Same parameters.
+SELECT count(*) FROM :"schema".dead_letters
+WHERE ($1::bigint IS NULL OR id = $1)
+  AND ($2::text IS NULL OR topic ~ $2)
+  AND ($3::bigint IS NULL OR died_at < now() - $3 * interval '1 millisecond');
 
 -- name: dead_purge
 -- $1 = older than $1 ms, $2 = topic pattern as a regular expression or NULL.

@@ -65,10 +65,11 @@ std::string text_array(const Items& items, Field field) {
 
 // A text[] of destination names as PostgreSQL prints it ({a,b}): the names
 // are plain tokens (sql/0002's CHECK), so never quoted.
+// Names joined by ',' (array_to_string in the claim): destination names
+// never hold one, and unlike an array's text form nothing is quoted (an
+// element "null" would be).
 std::vector<std::string> destination_names(std::string_view array) {
     std::vector<std::string> out;
-    if (array.size() < 2) return out;
-    array = array.substr(1, array.size() - 2);
     while (!array.empty()) {
         const auto comma = array.find(',');
         out.emplace_back(array.substr(0, comma));
@@ -202,9 +203,6 @@ std::string store::claim_sql(std::size_t size, claim_from from) const {
     })) : std::string();
     fill(text, "AND :known_destination",
          destinations_ ? fmt::format("AND destination = ANY ({}::text[])", known) : "AND true");
-    fill(text, "AND :sendable_here",
-         destinations_ ? fmt::format("AND (e.destinations IS NULL OR e.destinations <@ {}::text[])", known)
-                       : "AND true");
     return text;
 }
 

@@ -50,10 +50,15 @@ def test_the_documented_grants_are_enough_and_nothing_more_is_needed(database_ur
     try:
         ids = [producer.enqueue("t", {"n": 1}), producer.enqueue("t", {"n": 2}, idempotency_key="k1"),
                producer.enqueue("t", {"n": 3}, key="cust-1")]
+        assert producer.message_id(ids[0]).startswith("msg_")
         with pytest.raises(psycopg2.errors.InsufficientPrivilege):
             producer.query("DELETE FROM {s}.events")
     finally:
         producer.close()
+    cli = outboxd("--database-url", _as(database_url, r["producer"]), "--schema", schema,
+                  "enqueue", "--topic", "t", "--payload", "{}")
+    assert cli.rc == EXIT_OK, cli
+    ids.append(int(cli.stdout.strip()))
 
     relay_url = _as(database_url, r["relay"])
     relay(receiver, "--sweep-interval", "1h", database_url=relay_url, schema=schema)
