@@ -330,8 +330,8 @@ private:
                 auto claimed = store.claim(size, lease, drain_watermark_, low_mark_);
                 // Whether the claim that started at or before the low mark
                 // came back less than full: then its own low mark holds.
-                bool took_all = claimed.events.size() < size;
-                if (drain_watermark_ && claimed.events.size() < size) {
+                bool took_all = claimed.picked < size;
+                if (drain_watermark_ && claimed.picked < size) {
                     // The drain reached its end: look once more from the
                     // low mark (or the start), for what committed late
                     // behind the watermark (its NOTIFY came and went while
@@ -339,13 +339,13 @@ private:
                     drain_watermark_.reset();
                     const auto rest = pg::claim_size(size - claimed.events.size());
                     auto behind = store.claim(rest, lease, std::nullopt, low_mark_);
-                    took_all = behind.events.size() < rest;
+                    took_all = behind.picked < rest;
                     std::move(behind.events.begin(), behind.events.end(), std::back_inserter(claimed.events));
                     claimed.next_due = behind.next_due;
                     claimed.deliveries_due = behind.deliveries_due;
                     claimed.low_mark = std::move(behind.low_mark);
                 }
-                const bool events_full = size > 0 && claimed.events.size() == size;
+                const bool events_full = size > 0 && claimed.picked == size;
                 // A full claim means a backlog: the next one starts behind
                 // this one. Anything less ends the drain mode.
                 if (events_full) {

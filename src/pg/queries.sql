@@ -128,7 +128,7 @@ claimed AS (
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
            SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key),
-       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint, c.destinations, NULL::text
+       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint, c.destinations, NULL::text, NULL::bigint
 FROM claimed c
 UNION ALL
 -- One more row: milliseconds until the earliest work that is not due yet (a
@@ -153,7 +153,11 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- the watermark: the last row claimed, in claim order
        last.available_at::text, last.id, NULL,
        -- the low mark for the next claim outside a drain
-       (now() - interval '5 seconds')::text
+       (now() - interval '5 seconds')::text,
+       -- rows the claim picked, leased or not (a key held by another claim):
+       -- "came back full" is judged on these, or a hold conflict would end
+       -- a drain and move the low mark past rows still waiting
+       (SELECT count(*) FROM due)
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 

@@ -280,6 +280,7 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
                 out.deliveries_due = row[8].as<bool>();
                 if (!row[9].is_null()) out.last = claim_watermark{row[9].c_str(), row[10].as<std::int64_t>()};
                 out.low_mark = row[12].c_str();
+                out.picked = row[13].as<std::size_t>();
                 continue;
             }
             auto e = read_claimed(row);

@@ -104,6 +104,9 @@ struct claim_result {
     // Where the next claim outside a drain may start, if this one came back
     // less than full (see the claim in queries.sql).
     std::string low_mark;
+    // Due events the claim picked, including those it could not lease
+    // because another claim holds their key: whether it came back full.
+    std::size_t picked = 0;
 };
 
 // Where a claim of events starts, in claim order.
