@@ -55,7 +55,7 @@ std::vector<std::string> claimed(const std::vector<event>& events) {
 }
 
 // Every destination these tests use.
-const std::vector<std::string> destinations{"a", "b", "c", "x", "y", "hooks", "search", "audit"};
+const std::vector<std::string> destinations{"a", "b", "c", "w", "x", "y", "z", "hooks", "search", "audit"};
 
 // What the relay's claim does: due deliveries first, then events, at most
 // `n` in all.
@@ -390,4 +390,43 @@ TEST_CASE("a dead letter whose event is back in the outbox (not fanned out) wait
     // E has left: y's dead letter replays now, to y only.
     CHECK(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{id});
     CHECK(db.query("SELECT destinations::text FROM {s}.events WHERE id = " + std::to_string(id)) == "{y}");
+}
+
+TEST_CASE("a dead letter committed while a replay takes its locks waits for the next replay") {
+    // The replay locks the events it owes deliveries to, then replays. A dead
+    // letter committed in between belongs to an event it did not lock: a
+    // delivery hung on that event could lose it to a relay finishing it at
+    // that moment. Forced: the lock statement waits for a row lock the test
+    // holds while the new dead letter commits.
+    installed db;
+    auto s = db.store("a");
+    const auto e1 = s.enqueue(ev());
+    const auto e2 = s.enqueue(ev());
+    REQUIRE(claim_all(s, 10).size() == 2);
+    REQUIRE(s.fan_out({e1, 1}, std::vector{owe("z")}, std::vector{pg::dead_delivery{"y", 1, "HTTP 410", 410, ""}}));
+    REQUIRE(s.fan_out({e2, 1}, std::vector{owe("w")}, {}));
+
+    auto holder = testing::connect();
+    pqxx::work hold(*holder);
+    (void)hold.exec(fmt::format("SELECT id FROM {}.events WHERE id = {} FOR UPDATE", db.schema.q(), e1));
+    auto replayer = testing::connect();
+    std::vector<std::int64_t> replayed;
+    std::thread replay([&] { replayed = pg::replay_dead(*replayer, db.schema.name(), {}); });
+    for (int i = 0; i < 200 && db.query("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") == "0";
+         ++i) {
+        std::this_thread::sleep_for(10ms);
+    }
+    // A relay buries e2's delivery to x now (as its own transaction).
+    (void)db.query("WITH d AS (INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, "
+                   "destination) VALUES (" + std::to_string(e2) + ", 't', '{{}}', '{{}}', now(), 3, 'x') "
+                   "RETURNING 1) SELECT count(*) FROM d");
+    hold.commit();
+    replay.join();
+
+    CHECK(replayed == std::vector<std::int64_t>{e1});
+    CHECK(db.query("SELECT count(*) FROM {s}.dead_letters WHERE id = " + std::to_string(e2)) == "1");
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries WHERE event_id = " + std::to_string(e2) +
+                   " AND destination = 'x'") == "0");
+    // The next replay takes it (its event is locked then).
+    CHECK(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e2});
 }
