@@ -55,8 +55,15 @@ std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string&
     const auto older = as_text(filter.older_than);
     // Two statements: the replay must see what a relay that held these
     // events' locks committed (see dead_replay_lock in queries.sql).
-    tx.exec_params(q.sql("dead_replay_lock"), nullable(id), nullable(filter.topic), nullable(older));
-    const auto r = tx.exec_params(q.sql("dead_replay"), nullable(id), nullable(filter.topic), nullable(older));
+    std::string locked = "{";
+    for (const auto& row :
+         tx.exec_params(q.sql("dead_replay_lock"), nullable(id), nullable(filter.topic), nullable(older))) {
+        if (locked.size() > 1) locked.push_back(',');
+        locked += row[0].c_str();
+    }
+    locked.push_back('}');
+    const auto r =
+        tx.exec_params(q.sql("dead_replay"), nullable(id), nullable(filter.topic), nullable(older), locked);
     tx.commit();
     std::vector<std::int64_t> ids;
     for (const auto& row : r) ids.push_back(row[0].as<std::int64_t>());

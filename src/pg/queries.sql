@@ -525,16 +525,20 @@ FOR UPDATE;
 -- A dead letter whose event is back in the outbox as a whole event (an
 -- earlier replay, not finished yet) stays a dead letter: a delivery hung on
 -- that event would leave with it, payload and all. dead_replay_left counts
--- those; they replay once the event has left.
+-- those; they replay once the event has left. So does a dead letter whose
+-- event is here but was not locked by dead_replay_lock (the dead letter was
+-- committed between the two statements): a delivery hung on an event we do
+-- not hold could lose its event to a relay finishing it right now.
 -- $1 = one id or NULL, $2 = topic pattern as a regular expression or NULL,
--- $3 = older than $3 ms or NULL.
+-- $3 = older than $3 ms or NULL, $4 = the ids dead_replay_lock locked.
 WITH revived AS (
     DELETE FROM :"schema".dead_letters dl
     WHERE ($1::bigint IS NULL OR id = $1)
       AND ($2::text IS NULL OR topic ~ $2)
       AND ($3::bigint IS NULL OR died_at < now() - $3 * interval '1 millisecond')
       AND NOT EXISTS (SELECT 1 FROM :"schema".events e
-                      WHERE e.id = dl.id AND (dl.destination IS NULL OR NOT e.fanned_out))
+                      WHERE e.id = dl.id
+                        AND (dl.destination IS NULL OR NOT e.fanned_out OR dl.id <> ALL ($4::bigint[])))
     RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, last_error, destination
 ), whole AS (
     INSERT INTO :"schema".events
