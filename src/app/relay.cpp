@@ -508,6 +508,7 @@ private:
     void bury_orphan_deliveries() {
         outcome_worker_.submit([this](pg::store& store) {
             try {
+                (void)store.forget_expired_key_holds();
                 for (const auto& d : store.bury_orphan_deliveries()) {
                     log::error("a delivery had lost its event row (payload gone); moved to dead letters",
                                {{"event_id", fmt::format("{}", d.id)}, {"destination", d.destination}});

@@ -458,6 +458,13 @@ FROM gone
 ON CONFLICT DO NOTHING
 RETURNING id, destination;
 
+-- name: forget_expired_key_holds
+-- A hold is deleted with the lease it belongs to; one whose relay died
+-- expires instead, and is taken over by the next claim of its key. If no
+-- event of that key comes again it would stay forever: the sweep forgets
+-- holds that expired a while ago (an hour: far past any lease).
+DELETE FROM :"schema".key_holds WHERE until < now() - interval '1 hour';
+
 -- name: message_prefix
 -- What every webhook-id of this outbox starts with (sql/0005): the relay
 -- reads it once, at startup.

@@ -414,6 +414,13 @@ std::size_t store::release() {
     });
 }
 
+std::size_t store::forget_expired_key_holds() {
+    return guarded([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return static_cast<std::size_t>(tx.exec(queries_.sql("forget_expired_key_holds")).affected_rows());
+    });
+}
+
 std::string store::message_prefix() {
     return guarded([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);

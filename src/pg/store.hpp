@@ -198,6 +198,9 @@ public:
 
     [[nodiscard]] std::int64_t enqueue(const new_event& e);
 
+    // Deletes key holds that expired an hour ago or more. Returns how many.
+    std::size_t forget_expired_key_holds();
+
     // What this outbox's message ids start with (sql/0005, "msg_<hex>_").
     [[nodiscard]] std::string message_prefix();
 

@@ -305,3 +305,13 @@ TEST_CASE("a replayed delivery is not leased while another relay's uncommitted c
     CHECK(got.empty());
     CHECK(db.leased_events("k") + db.leased_deliveries("k", "audit") == 1);
 }
+
+TEST_CASE("the sweep forgets key holds that expired long ago, and only those") {
+    installed db;
+    auto s = db.store("a");
+    (void)db.query("WITH h AS (INSERT INTO {s}.key_holds (ordering_key, destination, event_id, until) VALUES "
+                   "('old', '', 1, now() - interval '2 hours'), ('recent', '', 2, now() - interval '1 minute'), "
+                   "('live', '', 3, now() + interval '30 seconds') RETURNING 1) SELECT count(*) FROM h");
+    CHECK(s.forget_expired_key_holds() == 1);
+    CHECK(db.query("SELECT string_agg(ordering_key, ',' ORDER BY ordering_key) FROM {s}.key_holds") == "live,recent");
+}
