@@ -110,13 +110,18 @@ TEST_CASE("a replayed older event is not leased while another relay's uncommitte
     // The replay commits e1 back, older than e2.
     REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});
     // B sees e1, and e2 without A's lease.
-    auto b_claim = std::async(std::launch::async, [&] { return b.claim(16, 30s).events; });
+    auto b_claim = std::async(std::launch::async, [&] { return b.claim(16, 30s); });
     wait_returned_or_blocked(db, b_claim);
     a.commit();
-    const auto got = b_claim.get();
+    const auto result = b_claim.get();
+    const auto& got = result.events;
     CAPTURE(got.size());
     CHECK(db.leased_events("k") <= 1);
     CHECK(got.empty());
+    // B picked the older event and could not lease it: not a claim that
+    // found nothing due (the relay must not end a drain or move its low
+    // mark on it).
+    CHECK(result.picked == 1);
 }
 
 TEST_CASE("an older event committed after a newer one is not leased while the newer one's claim is uncommitted") {
