@@ -271,3 +271,18 @@ def test_a_replayed_event_owed_to_a_destination_no_relay_knows_holds_back_its_ke
         [row] = db.deliveries(gone)
         assert row["destination"] == "gone" and row["attempts"] == 0 and row["last_error"] is None, row
         assert gone not in ok(a) + ok(n) and to_null not in ok(a)
+
+
+def test_an_event_naming_a_destination_that_cannot_exist_is_dead_lettered_and_the_relay_goes_on(db, relay, receiver):
+    """events.destinations is written by replays, but a producer could write
+    it too: a name no destination can have must not jam the relay's outcome
+    writes (no delivery row may carry it)."""
+    bad = db.scalar("INSERT INTO {s}.events (topic, payload, destinations) "
+                    "VALUES ('t', '{{}}', ARRAY['no such name!']) RETURNING id")
+    relay(receiver, "--sweep-interval", "1h")
+    assert wait_until(lambda: bad in {d["id"] for d in db.dead_letters()}, 10), (db.events(), db.deliveries())
+    [dead] = [d for d in db.dead_letters() if d["id"] == bad]
+    assert "cannot exist" in dead["last_error"], dead
+    after = db.enqueue("t", {"n": 1})
+    assert wait_delivered(receiver, [after], 10)
+    assert db.wait_empty(timeout=5), (db.events(), db.deliveries())
