@@ -324,10 +324,19 @@ int cmd_dead(const parsed_args& args) {
         }
         if (args.subcommand == "replay") {
             const auto ids = pg::replay_dead(*conn, schema, filter);
-            const auto left = pg::count_dead(*conn, schema, filter);
+            // Committed: from here the ids are printed whatever else fails.
+            for (const auto id : ids) std::cout << id << '\n';
+            std::cout << std::flush;
+            std::size_t left = 0;
+            try {
+                left = pg::count_dead(*conn, schema, filter);
+            } catch (const std::exception& e) {
+                log::warn("could not count the dead letters left", {{"error", scrub_secrets(e.what(), dsn)}});
+            }
             if (left > 0) {
-                const auto why = fmt::format("{} dead letter{} not replayed: {} event is back in the outbox (an "
-                                             "earlier replay), and replays once it has left",
+                const auto why = fmt::format("{} dead letter{} matching the filter not replayed: {} event is still "
+                                             "in the outbox (an earlier replay not finished), or it died just now; "
+                                             "replay again later",
                                              left, left == 1 ? "" : "s", left == 1 ? "its" : "their");
                 if (filter.id && ids.empty()) throw fatal_error(exit_invalid_input, why);
                 log::warn(why);
@@ -338,7 +347,6 @@ int cmd_dead(const parsed_args& args) {
                                                                   *filter.id));
             }
             log::info("replayed dead letters", {{"count", fmt::format("{}", ids.size())}});
-            for (const auto id : ids) std::cout << id << '\n';
             return exit_ok;
         }
         const bool dry_run = args.flag("dry-run");

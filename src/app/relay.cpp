@@ -331,7 +331,11 @@ private:
                 // Whether the claim that started at or before the low mark
                 // came back less than full: then its own low mark holds.
                 bool took_all = claimed.picked < size;
-                if (drain_watermark_ && claimed.picked < size) {
+                // Whether the last statement came back full (judged on the
+                // rows it picked), and the last row it picked.
+                bool events_full = size > 0 && claimed.picked == size;
+                auto last_picked = claimed.last;
+                if (drain_watermark_ && !events_full) {
                     // The drain reached its end: look once more from the
                     // low mark (or the start), for what committed late
                     // behind the watermark (its NOTIFY came and went while
@@ -340,16 +344,17 @@ private:
                     const auto rest = pg::claim_size(size - claimed.events.size());
                     auto behind = store.claim(rest, lease, std::nullopt, low_mark_);
                     took_all = behind.picked < rest;
+                    events_full = rest > 0 && behind.picked == rest;
+                    last_picked = behind.last;
                     std::move(behind.events.begin(), behind.events.end(), std::back_inserter(claimed.events));
                     claimed.next_due = behind.next_due;
                     claimed.deliveries_due = behind.deliveries_due;
                     claimed.low_mark = std::move(behind.low_mark);
                 }
-                const bool events_full = size > 0 && claimed.picked == size;
                 // A full claim means a backlog: the next one starts behind
                 // this one. Anything less ends the drain mode.
                 if (events_full) {
-                    drain_watermark_ = claimed.last;
+                    drain_watermark_ = last_picked;
                 } else if (size > 0) {
                     drain_watermark_.reset();
                 }
@@ -508,7 +513,11 @@ private:
     void bury_orphan_deliveries() {
         outcome_worker_.submit([this](pg::store& store) {
             try {
-                (void)store.forget_expired_key_holds();
+                try {
+                    (void)store.forget_expired_key_holds();
+                } catch (const std::exception& e) {
+                    log::warn("forgetting expired key holds failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
                 for (const auto& d : store.bury_orphan_deliveries()) {
                     log::error("a delivery had lost its event row (payload gone); moved to dead letters",
                                {{"event_id", fmt::format("{}", d.id)}, {"destination", d.destination}});
@@ -579,6 +588,19 @@ private:
         const auto targets = e.only_to.empty() ? routes_.match(e.topic) : named_destinations(e.only_to);
         if (targets.empty() && e.only_to.empty()) {
             unroutable(e);
+            return;
+        }
+        if (const auto bad = std::find_if_not(e.only_to.begin(), e.only_to.end(), valid_destination_name);
+            bad != e.only_to.end()) {
+            // events.destinations is written by replays, but nothing stops
+            // other writers: a name no destination can have can never be
+            // delivered (and no delivery row may carry it).
+            const auto why = fmt::format("the event names a destination that cannot exist: '{}'", *bad);
+            log::error("event cannot be sent; moving to dead letters",
+                       {{"event_id", fmt::format("{}", e.id)}, {"error", why}});
+            pending_.dead.push_back({ref, why, std::nullopt, {}});
+            pending_.unblocks_key = pending_.unblocks_key || keyed;
+            finished();
             return;
         }
         if (targets.size() < e.only_to.size()) {

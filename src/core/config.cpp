@@ -942,6 +942,8 @@ std::string database_url_complaint(const std::string& url, const std::string& li
 
 }  // namespace
 
+bool valid_destination_name(std::string_view name) noexcept { return is_destination_name(name); }
+
 config resolve_config(const config_sources& sources) {
     const inputs in(sources);
     const file_reader f(sources.file_name.empty() ? std::string("config") : sources.file_name);

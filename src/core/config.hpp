@@ -52,6 +52,9 @@ struct destination_config {
     retry_policy retry;
 };
 
+// 1 to 64 of A-Z a-z 0-9 _ - (what deliveries.destination accepts too).
+[[nodiscard]] bool valid_destination_name(std::string_view name) noexcept;
+
 struct route_config {
     std::vector<std::string> topics;        // patterns, see topic_pattern.hpp
     std::vector<std::string> destinations;  // names in config::destinations

@@ -55,6 +55,7 @@ std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string&
     const auto older = as_text(filter.older_than);
     // Two statements: the replay must see what a relay that held these
     // events' locks committed (see dead_replay_lock in queries.sql).
+    tx.exec_params(q.sql("dead_replay_serialize"), schema);
     std::string locked = "{";
     for (const auto& row :
          tx.exec_params(q.sql("dead_replay_lock"), nullable(id), nullable(filter.topic), nullable(older))) {

@@ -56,11 +56,13 @@ struct topic_status {
 [[nodiscard]] std::vector<dead_letter> list_dead(pqxx::connection& conn, const std::string& schema,
                                                  const dead_filter& filter, std::size_t limit);
 
-// Returns the ids put back into the outbox (due now, attempts reset).
 // Dead letters that still match `filter`: after replay_dead, those it left
-// because their event is back in the outbox (they replay once it has left).
+// because their event is back in the outbox (they replay once it has left),
+// and any that died since.
 [[nodiscard]] std::size_t count_dead(pqxx::connection& conn, const std::string& schema, const dead_filter& filter);
 
+// Returns the ids put back into the outbox (due now, attempts reset). One
+// replay at a time per outbox.
 [[nodiscard]] std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string& schema,
                                                     const dead_filter& filter);
 

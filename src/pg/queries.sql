@@ -503,6 +503,12 @@ WHERE ($1::text IS NULL OR topic ~ $1)
 ORDER BY id, destination
 LIMIT $3;
 
+-- name: dead_replay_serialize
+-- One replay at a time per outbox (until the transaction ends): a second
+-- replay's snapshot would not see the first's uncommitted event, and could
+-- hang a delivery on it. $1 = the schema name.
+SELECT pg_advisory_xact_lock(hashtextextended('outboxd.replay.' || $1, 0));
+
 -- name: dead_replay_lock
 -- Taken first, in the replay's transaction: the events still present that
 -- the replay will owe deliveries to, locked in id order like lock_events.

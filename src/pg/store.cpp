@@ -63,8 +63,6 @@ std::string text_array(const Items& items, Field field) {
     return out;
 }
 
-// A text[] of destination names as PostgreSQL prints it ({a,b}): the names
-// are plain tokens (sql/0002's CHECK), so never quoted.
 // Names joined by ',' (array_to_string in the claim): destination names
 // never hold one, and unlike an array's text form nothing is quoted (an
 // element "null" would be).
