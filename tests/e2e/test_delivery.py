@@ -275,3 +275,33 @@ def test_a_slow_destination_is_not_claimed_ahead_past_what_the_lease_allows(db, 
     assert not duplicates([x.event_id for x in got]), sorted(x.event_id for x in got)
     assert {x.headers.get("outbox-attempt") for x in got} == {"1"}
     assert "waited too long" not in r.log()
+
+
+def test_many_events_committed_late_during_a_drain_all_go_out_when_it_ends(db, relay):
+    # As above, with more late events than any claim takes (1,024): the claim
+    # that looks behind the watermark when the drain ends comes back full,
+    # and the drain must go on from there. It once stopped: the rest waited
+    # for the next wake-up (here the lease's end, 30 s).
+    def slowish(req):
+        time.sleep(0.01)
+        return 200, {}, b"ok"
+
+    import psycopg2
+    late_conn = psycopg2.connect(db.url)
+    try:
+        with late_conn.cursor() as cur:
+            cur.execute(f'INSERT INTO "{db.schema}".events (topic, payload) '
+                        "SELECT 'late', '{}' FROM generate_series(1, 1500)")
+        with db.conn.cursor() as cur:
+            cur.execute(f'INSERT INTO "{db.schema}".events (topic, payload) '
+                        "SELECT 'backlog', '{}' FROM generate_series(1, 600)")
+        db.conn.commit()
+        with Receiver(slowish) as rx:
+            relay(rx, "--concurrency", "4", "--sweep-interval", "1h", "--lease", "30s")
+            assert rx.wait_for(100, timeout=30)
+            late_conn.commit()  # mid-drain: 500 backlog events still to go
+            assert db.wait_empty(timeout=20), db.count_events()
+            got = [r.event_id for r in rx.snapshot()]
+            assert len(got) == 2100 and not duplicates(got)
+    finally:
+        late_conn.close()
