@@ -289,8 +289,13 @@ def test_every_relay_connection_to_the_database_probes_a_silent_peer_within_the_
     r = relay(receiver, "--sweep-interval", "1h", env={"OUTBOXD_DATABASE_KEEPALIVE_TIMEOUT": "4s"})
     probe = db.enqueue("probe", {})
     assert wait_delivered(receiver, [probe], timeout=10), r.log()
-    conns = wait_until(lambda: (lambda c: c if len(c) >= 3 else None)(_relay_connections(r.pid, port)),
-                       timeout=10)
-    assert conns, f"expected 3 connections of pid {r.pid} to port {port}: {_relay_connections(r.pid, port)}"
+    # Sampled once every connection is idle: one with data in flight shows
+    # its retransmission timer (timer:(on,200ms,0)) instead of keepalive's.
+    def idle_connections():
+        c = _relay_connections(r.pid, port)
+        return c if len(c) >= 3 and all(_keepalive_seconds(x) is not None for x in c) else None
+
+    conns = wait_until(idle_connections, timeout=10)
+    assert conns, f"expected 3 idle connections of pid {r.pid} to port {port}: {_relay_connections(r.pid, port)}"
     slow = [c for c in conns if (_keepalive_seconds(c) or 1e9) > 2.0]
     assert not slow, "connections whose first keepalive probe is more than 2s away:\n" + "\n".join(slow)
