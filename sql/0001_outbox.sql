@@ -9,14 +9,6 @@
 
 CREATE SCHEMA IF NOT EXISTS :"schema";
 
--- Where applied migrations are recorded (also made by `outboxd migrate`
--- before it runs this file): each file records itself at its end.
-CREATE TABLE IF NOT EXISTS :"schema".schema_migrations (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-
 -- The hot table holds only events that are not delivered yet: a delivered
 -- event is deleted (never flagged in place), so the index every claim reads
 -- does not fill up with delivered rows.
@@ -173,9 +165,3 @@ AS $$
     )
     SELECT count(*) FROM gone;
 $$;
-
--- Recorded as applied, so that this file applied on its own (psql, your
--- migration tool) leaves the outbox as `outboxd migrate` would; migrate
--- records it first, and then this does nothing.
-INSERT INTO :"schema".schema_migrations (version, name) VALUES (1, 'outbox')
-    ON CONFLICT (version) DO NOTHING;

@@ -60,9 +60,3 @@ CREATE UNIQUE INDEX dead_letters_id_destination_idx
 CREATE TRIGGER deliveries_notify
     AFTER INSERT ON :"schema".deliveries
     FOR EACH STATEMENT EXECUTE FUNCTION :"schema".notify_events();
-
--- Recorded as applied, so that this file applied on its own (psql, your
--- migration tool) leaves the outbox as `outboxd migrate` would; migrate
--- records it first, and then this does nothing.
-INSERT INTO :"schema".schema_migrations (version, name) VALUES (2, 'destinations')
-    ON CONFLICT (version) DO NOTHING;

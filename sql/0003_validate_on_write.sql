@@ -62,9 +62,3 @@ CREATE TRIGGER events_validate
 -- Like the constraints it replaces, it also holds for sessions with
 -- session_replication_role = replica (logical replication, some restores).
 ALTER TABLE :"schema".events ENABLE ALWAYS TRIGGER events_validate;
-
--- Recorded as applied, so that this file applied on its own (psql, your
--- migration tool) leaves the outbox as `outboxd migrate` would; migrate
--- records it first, and then this does nothing.
-INSERT INTO :"schema".schema_migrations (version, name) VALUES (3, 'validate_on_write')
-    ON CONFLICT (version) DO NOTHING;

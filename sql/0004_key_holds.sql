@@ -17,6 +17,16 @@
 --
 -- Like 0001, runs as one transaction with :"schema" set (psql -v schema=...).
 
+-- From this migration on, each file records itself in schema_migrations at
+-- its end, so that files applied by hand (psql, your migration tool) leave
+-- the outbox as `outboxd migrate` would. The table is made here for that
+-- case (`outboxd migrate` makes it before the first migration).
+CREATE TABLE IF NOT EXISTS :"schema".schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
 CREATE TABLE :"schema".key_holds (
     ordering_key text        NOT NULL,
     -- '' while the event is sent straight from `events` (to every
@@ -38,6 +48,12 @@ CREATE TABLE :"schema".key_holds (
 -- ones wait for it). NULL: every destination its topic routes to.
 ALTER TABLE :"schema".events
     ADD COLUMN destinations text[];
+
+-- 0001 to 0003 came before that rule and do not record themselves; this one
+-- runs only after them (it alters their tables), so it records them too.
+INSERT INTO :"schema".schema_migrations (version, name)
+VALUES (1, 'outbox'), (2, 'destinations'), (3, 'validate_on_write')
+    ON CONFLICT (version) DO NOTHING;
 
 -- Recorded as applied, so that this file applied on its own (psql, your
 -- migration tool) leaves the outbox as `outboxd migrate` would; migrate
