@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -154,7 +155,7 @@ struct destination_lane {
     [[nodiscard]] bool full() const noexcept { return busy >= limit; }
 };
 
-std::vector<std::string> destination_names(const config& cfg) {
+std::vector<std::string> configured_destination_names(const config& cfg) {
     std::vector<std::string> names;
     for (const auto& d : cfg.destinations) names.push_back(d.name);
     return names;
@@ -167,7 +168,7 @@ public:
           cfg_(opts_.settings),
           routes_(cfg_),
           store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/true,
-                 cfg_.db_statement_timeout, destination_names(cfg_)),
+                 cfg_.db_statement_timeout, configured_destination_names(cfg_)),
           worker_(store_),
           outcome_store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/false,
                          cfg_.db_statement_timeout),
@@ -495,35 +496,33 @@ private:
         });
     }
 
-    // Housekeeping on the outcome connection, off the claim path; a failure
-    // is only logged (the next sweep tries again).
+    // Housekeeping runs on the outcome connection, off the claim path, one
+    // job per task; a failure is only logged (the next sweep tries again).
+    void housekeeping(std::string_view task, std::function<void(pg::store&)> job) {
+        outcome_worker_.submit([this, task, job = std::move(job)](pg::store& store) {
+            try {
+                job(store);
+            } catch (const std::exception& e) {
+                log::warn(fmt::format("{} failed", task), {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+            }
+        });
+    }
+
     void purge_idempotency_keys() {
         if (cfg_.idempotency_retention.count() == 0) return;
-        outcome_worker_.submit([this, retention = cfg_.idempotency_retention](pg::store& store) {
-            try {
-                if (const auto purged = store.purge_idempotency_keys(retention); purged > 0) {
-                    log::debug("forgot idempotency keys", {{"count", fmt::format("{}", purged)}});
-                }
-            } catch (const std::exception& e) {
-                log::warn("purging idempotency keys failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+        housekeeping("purging idempotency keys", [retention = cfg_.idempotency_retention](pg::store& store) {
+            if (const auto purged = store.purge_idempotency_keys(retention); purged > 0) {
+                log::debug("forgot idempotency keys", {{"count", fmt::format("{}", purged)}});
             }
         });
     }
 
     void bury_orphan_deliveries() {
-        outcome_worker_.submit([this](pg::store& store) {
-            try {
-                try {
-                    (void)store.forget_expired_key_holds();
-                } catch (const std::exception& e) {
-                    log::warn("forgetting expired key holds failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
-                }
-                for (const auto& d : store.bury_orphan_deliveries()) {
-                    log::error("a delivery had lost its event row (payload gone); moved to dead letters",
-                               {{"event_id", fmt::format("{}", d.id)}, {"destination", d.destination}});
-                }
-            } catch (const std::exception& e) {
-                log::warn("checking for orphaned deliveries failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+        housekeeping("forgetting expired key holds", [](pg::store& store) { (void)store.forget_expired_key_holds(); });
+        housekeeping("checking for orphaned deliveries", [](pg::store& store) {
+            for (const auto& d : store.bury_orphan_deliveries()) {
+                log::error("a delivery had lost its event row (payload gone); moved to dead letters",
+                           {{"event_id", fmt::format("{}", d.id)}, {"destination", d.destination}});
             }
         });
     }
@@ -532,21 +531,17 @@ private:
     // outcomes are waiting, so a large purge never delays them for long.
     void purge_dead_letters() {
         if (cfg_.dead_letter_retention.count() == 0) return;
-        outcome_worker_.submit([this, retention = cfg_.dead_letter_retention](pg::store& store) {
+        housekeeping("purging dead letters", [this, retention = cfg_.dead_letter_retention](pg::store& store) {
             constexpr std::size_t batch = 1000;
-            try {
-                const auto purged = store.purge_dead_letters(retention, batch);
-                if (purged > 0) {
-                    log::info("purged dead letters past their retention",
-                              {{"count", fmt::format("{}", purged)}, {"retention", format_duration(retention)}});
-                }
-                if (purged == batch) {
-                    net::post(ioc_, [this] {
-                        if (!dispatch_.stopping()) purge_dead_letters();
-                    });
-                }
-            } catch (const std::exception& e) {
-                log::warn("purging dead letters failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+            const auto purged = store.purge_dead_letters(retention, batch);
+            if (purged > 0) {
+                log::info("purged dead letters past their retention",
+                          {{"count", fmt::format("{}", purged)}, {"retention", format_duration(retention)}});
+            }
+            if (purged == batch) {
+                net::post(ioc_, [this] {
+                    if (!dispatch_.stopping()) purge_dead_letters();
+                });
             }
         });
     }
@@ -577,12 +572,7 @@ private:
         const pg::lease_ref ref{e.id, e.attempt};
         const bool keyed = e.ordering_key.has_value();
         if (built.error) {
-            // Nothing about this event can change: dead-letter it now.
-            log::error("event cannot be sent; moving to dead letters",
-                       {{"event_id", fmt::format("{}", e.id)}, {"error", *built.error}});
-            pending_.dead.push_back({ref, *built.error, std::nullopt, {}});
-            pending_.unblocks_key = pending_.unblocks_key || keyed;
-            finished();
+            bury_unsendable(e, *built.error);
             return;
         }
         const auto targets = e.only_to.empty() ? routes_.match(e.topic) : named_destinations(e.only_to);
@@ -595,12 +585,7 @@ private:
             // events.destinations is written by replays, but nothing stops
             // other writers: a name no destination can have can never be
             // delivered (and no delivery row may carry it).
-            const auto why = fmt::format("the event names a destination that cannot exist: '{}'", *bad);
-            log::error("event cannot be sent; moving to dead letters",
-                       {{"event_id", fmt::format("{}", e.id)}, {"error", why}});
-            pending_.dead.push_back({ref, why, std::nullopt, {}});
-            pending_.unblocks_key = pending_.unblocks_key || keyed;
-            finished();
+            bury_unsendable(e, fmt::format("the event names a destination that cannot exist: '{}'", *bad));
             return;
         }
         if (targets.size() < e.only_to.size()) {
@@ -843,6 +828,16 @@ private:
         return out;
     }
 
+    // A whole event that can never be sent as it is: a dead letter now, with
+    // the reason; the rest of its key goes on.
+    void bury_unsendable(const event& e, const std::string& why) {
+        log::error("event cannot be sent; moving to dead letters",
+                   {{"event_id", fmt::format("{}", e.id)}, {"topic", e.topic}, {"error", why}});
+        pending_.dead.push_back({pg::lease_ref{e.id, e.attempt}, why, std::nullopt, {}});
+        pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
+        finished();
+    }
+
     // No route matches the topic. Not lost: the event stays in the outbox,
     // retried on the [defaults.retry] schedule with the reason in last_error
     // (shown by `outboxd status`), so a relay with a newer configuration
@@ -853,14 +848,9 @@ private:
         const pg::lease_ref ref{e.id, e.attempt};
         const auto why = fmt::format("no route matches topic '{}'", e.topic);
         if (e.ordering_key) {
-            const auto dead_why = fmt::format("{}; dead-lettered at once so that it does not hold back the later "
-                                              "events of its ordering key (replay it once a route matches)",
-                                              why);
-            log::warn("no route for a keyed event; moved to dead letters",
-                      {{"event_id", fmt::format("{}", e.id)}, {"topic", e.topic}});
-            pending_.dead.push_back({ref, dead_why, std::nullopt, {}});
-            pending_.unblocks_key = true;
-            finished();
+            bury_unsendable(e, fmt::format("{}; dead-lettered at once so that it does not hold back the later "
+                                           "events of its ordering key (replay it once a route matches)",
+                                           why));
             return;
         }
         const auto outcome = classify_attempt({true, 0, why, {}, {}}, e.attempt, cfg_.default_retry, unit_(rng_),
