@@ -18,9 +18,6 @@ namespace net = boost::asio;
 
 namespace {
 
-constexpr std::chrono::milliseconds first_retry{100};
-constexpr std::chrono::milliseconds max_retry{5'000};
-
 std::shared_ptr<pqxx::connection> open_listening(const std::string& dsn, const std::string& channel,
                                                  std::chrono::milliseconds answer_within) {
     auto conn = std::make_shared<pqxx::connection>(dsn);  // bounded by connect_timeout
@@ -147,9 +144,9 @@ void listener::lose(const std::string& why) {
 
 void listener::schedule_reconnect() {
     static thread_local std::minstd_rand rng{std::random_device{}()};
-    retry_delay_ = retry_delay_.count() == 0 ? first_retry : std::min(retry_delay_ * 2, max_retry);
+    const auto delay = backoff_.next();
     // Jitter: many relays reconnecting after one database restart spread out.
-    const auto jittered = retry_delay_ / 2 + std::chrono::milliseconds(rng() % (retry_delay_.count() / 2 + 1));
+    const auto jittered = delay / 2 + std::chrono::milliseconds(rng() % (delay.count() / 2 + 1));
     retry_timer_.expires_after(jittered);
     retry_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
         if (ec || !*alive || stopped_) return;
@@ -176,7 +173,7 @@ void listener::schedule_reconnect() {
 
 void listener::adopt(std::shared_ptr<pqxx::connection> conn) {
     conn_ = std::move(conn);
-    retry_delay_ = std::chrono::milliseconds(0);
+    backoff_.reset();
     log::info("listen connection restored", {{"channel", channel_}});
     socket_.assign(conn_->sock());
     if (cb_.on_connected) cb_.on_connected();

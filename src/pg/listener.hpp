@@ -27,6 +27,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <pqxx/connection>
 
+#include "core/db_backoff.hpp"
+
 namespace outboxd::pg {
 
 class listener {
@@ -73,7 +75,7 @@ private:
     boost::asio::steady_timer ping_timer_;
     std::chrono::milliseconds keepalive_timeout_;
     bool pinging_ = false;  // the connection is on `blocking` for a ping: hands off
-    std::chrono::milliseconds retry_delay_{0};
+    db_backoff backoff_;
     bool stopped_ = false;
     std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -83,13 +83,6 @@ std::optional<std::string> status_text(std::optional<int> status) {
 
 }  // namespace
 
-std::size_t claim_size(std::size_t wanted) noexcept {
-    if (wanted == 0) return 0;
-    std::size_t size = 1;
-    while (size * 2 <= wanted && size * 2 <= largest_claim) size *= 2;
-    return size;
-}
-
 store::store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session, bool plan_once,
              std::chrono::milliseconds statement_timeout, std::optional<std::vector<std::string>> destinations)
     : dsn_(std::move(dsn)),

@@ -1,0 +1,72 @@
+#include "core/claim_sequence.hpp"
+
+#include <iterator>
+#include <utility>
+
+namespace outboxd {
+
+namespace {
+
+void append(std::vector<event>& to, std::vector<event>&& from) {
+    std::move(from.begin(), from.end(), std::back_inserter(to));
+}
+
+}  // namespace
+
+claim_outcome run_claim(claim_port& db, const claim_request& request) {
+    claim_outcome out;
+    out.drain_watermark = request.drain_watermark;
+    out.low_mark = request.low_mark;
+    const auto& open = request.open_destinations;
+
+    const bool deliveries_first = request.deliveries_due && !open.empty();
+    if (deliveries_first) {
+        const auto size = claim_size(request.wanted);
+        out.events = db.claim_deliveries(size, request.lease, open);
+        out.full = out.events.size() == size;
+    }
+    // Events come in prepared sizes (powers of two), at most what is left.
+    const auto size = claim_size(request.wanted - out.events.size());
+    auto claimed = db.claim_events(size, request.lease, out.drain_watermark, out.low_mark);
+    // Whether the statement that started at or before the low mark took
+    // everything due: then its own low mark holds for the next claim.
+    bool took_all = claimed.picked < size;
+    // Whether the last event statement came back full (judged on the rows
+    // it picked, leased or not), and the last row it picked.
+    bool events_full = size > 0 && claimed.picked == size;
+    auto last_picked = claimed.last;
+    if (out.drain_watermark && !events_full) {
+        // The drain reached its end: once more from the low mark.
+        out.drain_watermark.reset();
+        const auto rest = claim_size(size - claimed.events.size());
+        auto behind = db.claim_events(rest, request.lease, std::nullopt, out.low_mark);
+        took_all = behind.picked < rest;
+        events_full = rest > 0 && behind.picked == rest;
+        last_picked = behind.last;
+        append(claimed.events, std::move(behind.events));
+        claimed.next_due = behind.next_due;
+        claimed.deliveries_due = behind.deliveries_due;
+        claimed.low_mark = std::move(behind.low_mark);
+    }
+    // A full claim means a backlog: the next one starts behind this one.
+    // Anything less ends the drain.
+    if (events_full) {
+        out.drain_watermark = last_picked;
+    } else if (size > 0) {
+        out.drain_watermark.reset();
+    }
+    if (size > 0 && took_all) out.low_mark = std::move(claimed.low_mark);
+    out.full = out.full || events_full;
+    append(out.events, std::move(claimed.events));
+    if (!deliveries_first && claimed.deliveries_due && !open.empty() && out.events.size() < request.wanted) {
+        const auto more_size = claim_size(request.wanted - out.events.size());
+        auto more = db.claim_deliveries(more_size, request.lease, open);
+        out.full = out.full || more.size() == more_size;
+        append(out.events, std::move(more));
+    }
+    out.deliveries_due = claimed.deliveries_due;
+    out.next_due = claimed.next_due;
+    return out;
+}
+
+}  // namespace outboxd

@@ -1,0 +1,76 @@
+#pragma once
+// One claim as the statements it runs: which of the two claim statements
+// (deliveries of fanned-out events, and events), in which order, from where
+// in the index, and what the next claim starts from. Pure logic over a
+// two-method port, so it runs on the claim thread against the store and in
+// tests against a script.
+//
+// Claim order and where a claim starts (see the claim in queries.sql):
+//   - deliveries first when the last claim saw some due (retries at a failed
+//     destination are older than new events);
+//   - events from the drain watermark while a backlog drains (behind the
+//     last row of the previous full claim), else from the low mark (where
+//     the last claim that took everything due began), else from the start;
+//   - when a drain ends (a claim from the watermark comes back less than
+//     full), once more from the low mark for what committed late behind the
+//     watermark: its NOTIFY came and went while we were draining;
+//   - deliveries after events when the event claim says some are due.
+// Everything the next claim needs travels in the request and the outcome:
+// the claim thread keeps no state of its own.
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/event.hpp"
+#include "core/outbox_rows.hpp"
+
+namespace outboxd {
+
+// The two claim statements (pg::store implements them over a connection).
+class claim_port {
+public:
+    virtual ~claim_port() = default;
+    // Up to `size` due events leased for `lease`; `after`: behind that
+    // watermark only; else `low_mark`: at or after it only.
+    [[nodiscard]] virtual claim_result claim_events(std::size_t size, std::chrono::milliseconds lease,
+                                                    const std::optional<claim_watermark>& after,
+                                                    const std::optional<std::string>& low_mark) = 0;
+    // Up to `size` due deliveries to these destinations, leased for `lease`.
+    [[nodiscard]] virtual std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds lease,
+                                                              std::span<const std::string> destinations) = 0;
+};
+
+struct claim_request {
+    std::size_t wanted = 0;  // free slots: claim at most this many
+    std::chrono::milliseconds lease{0};
+    // Destinations with a free connection: only their deliveries are claimed.
+    std::vector<std::string> open_destinations;
+    bool deliveries_due = true;  // the last claim saw deliveries due
+    std::optional<claim_watermark> drain_watermark;
+    std::optional<std::string> low_mark;
+};
+
+struct claim_outcome {
+    std::vector<event> events;
+    // Whether a statement came back full (more may be due now).
+    bool full = false;
+    std::optional<std::chrono::milliseconds> next_due;
+    // For the next claim.
+    bool deliveries_due = false;
+    std::optional<claim_watermark> drain_watermark;
+    std::optional<std::string> low_mark;
+    // When the statements began (by the relay's steady clock): leases run
+    // from about then.
+    std::chrono::steady_clock::time_point started{};
+    std::chrono::steady_clock::time_point done{};
+};
+
+// Runs one claim through `db`. Exceptions from the port propagate (the
+// claim failed; the request's marks are still valid for the next one).
+[[nodiscard]] claim_outcome run_claim(claim_port& db, const claim_request& request);
+
+}  // namespace outboxd

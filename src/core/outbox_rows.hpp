@@ -1,0 +1,106 @@
+#pragma once
+// What the relay and the database exchange about claimed rows: the fencing
+// tokens of a claim, the outcomes written back, and what a claim returns.
+// Plain data, shared by the relay engine (core) and the store (pg), so the
+// engine never needs the database's headers.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/event.hpp"
+
+namespace outboxd {
+
+// Which claim of an event an outcome belongs to (the fencing token).
+struct lease_ref {
+    std::int64_t id = 0;
+    std::int32_t attempt = 0;
+};
+
+// One destination's delivery of a fanned-out event, as claimed.
+struct delivery_ref {
+    std::int64_t id = 0;
+    std::string destination;
+    std::int32_t attempt = 0;
+};
+
+// A destination that still owes an event after a fan-out.
+struct owed_delivery {
+    std::string destination;
+    std::chrono::milliseconds due_in{0};
+    std::int32_t attempts = 0;          // made there so far
+    std::optional<std::string> error;   // the last one there, if any
+};
+
+// A destination that gave up on an event for good.
+struct dead_delivery {
+    std::string destination;
+    std::int32_t attempts = 0;
+    std::string error;
+    std::optional<int> status;
+    std::string response_excerpt;
+};
+
+struct delivery_retry {
+    delivery_ref ref;
+    std::chrono::milliseconds delay{0};
+    std::string error;
+};
+
+struct delivery_burial {
+    delivery_ref ref;
+    std::string error;
+    std::optional<int> status;
+    std::string response_excerpt;
+};
+
+// Outcomes of claimed deliveries, recorded together in one transaction.
+struct delivery_outcomes {
+    std::vector<delivery_ref> delivered;
+    std::vector<delivery_retry> retries;
+    std::vector<delivery_burial> dead;
+    [[nodiscard]] bool empty() const noexcept { return delivered.empty() && retries.empty() && dead.empty(); }
+};
+
+// Where the last full claim of events stopped, in claim order
+// (available_at, id): the next claim of a draining backlog starts behind it.
+struct claim_watermark {
+    std::string available_at;  // timestamptz as PostgreSQL prints it (exact)
+    std::int64_t id = 0;
+};
+
+struct claim_result {
+    std::vector<event> events;
+    // Time until the earliest event or delivery that is not due yet (a
+    // retry, a delayed event, a lease expiring), by the database's clock;
+    // nullopt if none.
+    std::optional<std::chrono::milliseconds> next_due;
+    // Deliveries are due (claim them with claim_deliveries).
+    bool deliveries_due = false;
+    // The last event claimed, in claim order (nullopt if none).
+    std::optional<claim_watermark> last;
+    // Where the next claim outside a drain may start, if this one came back
+    // less than full (see the claim in queries.sql).
+    std::string low_mark;
+    // Due events the claim picked, including those it could not lease
+    // because another claim holds their key: whether it came back full.
+    std::size_t picked = 0;
+};
+
+// Claims come in sizes 1, 2, 4, ... 1024, one prepared statement each (see
+// the claim in queries.sql). The largest of them not above `wanted`; 0 for 0.
+[[nodiscard]] constexpr std::size_t claim_size(std::size_t wanted) noexcept;
+inline constexpr std::size_t largest_claim = 1024;
+
+constexpr std::size_t claim_size(std::size_t wanted) noexcept {
+    if (wanted == 0) return 0;
+    std::size_t size = 1;
+    while (size * 2 <= wanted && size * 2 <= largest_claim) size *= 2;
+    return size;
+}
+
+}  // namespace outboxd

@@ -1,0 +1,70 @@
+#pragma once
+// Outcomes waiting to be written to the outbox, gathered by the relay engine
+// and written in batches by one job at a time. Kept (and written again)
+// until the database has them: each write is fenced by owner and attempt,
+// so writing one twice changes nothing.
+
+#include <chrono>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/outbox_rows.hpp"
+
+namespace outboxd {
+
+struct reschedule_item {
+    lease_ref ref;
+    std::chrono::milliseconds delay{0};
+    std::string error;
+};
+
+struct bury_item {
+    lease_ref ref;
+    std::string error;
+    std::optional<int> status;
+    std::string excerpt;
+};
+
+struct fan_out_item {
+    lease_ref ref;
+    std::vector<owed_delivery> owed;
+    std::vector<dead_delivery> dead;
+};
+
+struct outcome_batch {
+    // Events sent straight from `events` and accepted by every destination.
+    std::vector<lease_ref> delivered;
+    // Whole events: no route matched, or they cannot be sent at all.
+    std::vector<reschedule_item> retries;
+    std::vector<bury_item> dead;
+    // Events some destination failed (or that must queue behind their key).
+    std::vector<fan_out_item> fan_outs;
+    // One destination's delivery of a fanned-out event.
+    delivery_outcomes deliveries;
+    // Something keyed finished (delivered or dead) or was fanned out: the
+    // next event of that key may be due once this is recorded.
+    bool unblocks_key = false;
+
+    [[nodiscard]] bool empty() const noexcept {
+        return delivered.empty() && retries.empty() && dead.empty() && fan_outs.empty() && deliveries.empty();
+    }
+    [[nodiscard]] std::size_t size() const noexcept {
+        return delivered.size() + retries.size() + dead.size() + fan_outs.size() + deliveries.delivered.size() +
+               deliveries.retries.size() + deliveries.dead.size();
+    }
+    void append(outcome_batch&& other) {
+        auto move_all = [](auto& to, auto& from) { std::move(from.begin(), from.end(), std::back_inserter(to)); };
+        move_all(delivered, other.delivered);
+        move_all(retries, other.retries);
+        move_all(dead, other.dead);
+        move_all(fan_outs, other.fan_outs);
+        move_all(deliveries.delivered, other.deliveries.delivered);
+        move_all(deliveries.retries, other.deliveries.retries);
+        move_all(deliveries.dead, other.deliveries.dead);
+        unblocks_key = unblocks_key || other.unblocks_key;
+    }
+};
+
+}  // namespace outboxd

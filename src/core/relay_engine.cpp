@@ -1,0 +1,633 @@
+#include "core/relay_engine.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/claim_capacity.hpp"
+#include "core/duration.hpp"
+#include "core/log.hpp"
+#include "core/signing.hpp"
+#include "core/webhook_request.hpp"
+
+namespace outboxd {
+
+using std::chrono::milliseconds;
+
+namespace {
+
+std::string str(std::int64_t n) { return fmt::format("{}", n); }
+
+}  // namespace
+
+relay_engine::relay_engine(const config& cfg, const clock_source& clock, std::uint64_t seed)
+    : cfg_(cfg), clock_(clock), routes_(cfg), rng_(seed), dispatch_(cfg.concurrency) {
+    for (const auto& d : cfg_.destinations) {
+        longest_attempt_ = std::max(longest_attempt_, d.connect_timeout + d.request_timeout);
+        lanes_.push_back({0, std::max<std::size_t>(1, d.max_concurrency), {}});
+    }
+}
+
+std::vector<relay_command> relay_engine::take_commands() { return std::exchange(commands_, {}); }
+
+void relay_engine::arm(relay_timer t, steady_time at) { emit(arm_timer_command{t, at, ++generation(t)}); }
+
+void relay_engine::cancel(relay_timer t) {
+    ++generation(t);  // a fire already on its way is ignored
+    emit(cancel_timer_command{t});
+}
+
+void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
+    if (gen != generation(t)) return;
+    switch (t) {
+        case relay_timer::sweep:
+            sweep();
+            break;
+        case relay_timer::next_due:
+            next_due_armed_ = false;
+            wake();
+            break;
+        case relay_timer::claim_retry:
+            wake();
+            break;
+        case relay_timer::flush_retry:
+            flush_outcomes();
+            break;
+        case relay_timer::shutdown:
+            log::warn("shutdown timeout: releasing deliveries still in flight",
+                      {{"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))}});
+            finish();
+            break;
+    }
+}
+
+// ---- claiming ----------------------------------------------------------------
+
+void relay_engine::start(std::string message_prefix) {
+    message_prefix_ = std::move(message_prefix);
+    arm(relay_timer::sweep, clock_.steady() + cfg_.sweep_interval);
+    wake();
+}
+
+void relay_engine::wake() { start_claim(dispatch_.on_wake()); }
+
+void relay_engine::start_claim(std::size_t n) {
+    if (n == 0) return;
+    claim_request request{n, cfg_.lease, {}, deliveries_due_, drain_watermark_, low_mark_};
+    // Deliveries are claimed only for destinations with a free connection here.
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+        if (!lanes_[i].full()) request.open_destinations.push_back(cfg_.destinations[i].name);
+    }
+    claim_asked_ = clock_.steady();
+    flushes_at_claim_ = flushes_recorded_;
+    emit(claim_command{std::move(request)});
+}
+
+void relay_engine::claimed(claim_outcome result) {
+    claim_backoff_.reset();
+    deliveries_due_ = result.deliveries_due;
+    drain_watermark_ = std::move(result.drain_watermark);
+    low_mark_ = std::move(result.low_mark);
+    apply_resets_after_claim();
+    if (finishing_) return;  // a timed-out shutdown: the release covers these
+    auto& events = result.events;
+    if (!events.empty() && log::enabled(log::level::debug)) {
+        const auto us = [](steady_time from, steady_time to) {
+            return str(std::chrono::duration_cast<std::chrono::microseconds>(to - from).count());
+        };
+        // queued: waiting for the claim thread; claim: the statements'
+        // round trips; handoff: back to the event loop.
+        log::debug("claimed", {{"count", str(static_cast<std::int64_t>(events.size()))},
+                               {"queued_us", us(claim_asked_, result.started)},
+                               {"claim_us", us(result.started, result.done)},
+                               {"handoff_us", us(result.done, clock_.steady())}});
+    }
+    fit_capacity();
+    // The dispatcher reads "got as many as asked" as "more may be due".
+    const auto asked = result.full ? events.size() : events.size() + 1;
+    // Counted as held before any is delivered: an event that cannot be sent
+    // finishes at once inside pump().
+    const auto next = dispatch_.on_claimed(events.size(), asked);
+    // From when the claim began, not when it came back: the database's lease
+    // started at its statement's now(), and the statements (which may wait
+    // on another claim's key hold) and the hand-off take time.
+    const auto lease_end = result.started + cfg_.lease;
+    for (auto& e : events) ready_.push_back({std::make_shared<const event>(std::move(e)), lease_end});
+    pump();
+    start_claim(next);
+    maybe_finish();
+    // Retries and delayed events fire on time, not at the next sweep. If an
+    // outcome was recorded while the claim ran, its snapshot may predate a
+    // retry just written (it saw that row still leased, due at the lease's
+    // end): then its answer may only bring the timer forward.
+    if (!dispatch_.stopping() && result.next_due) {
+        arm_next_due(*result.next_due, flushes_recorded_ == flushes_at_claim_);
+    }
+}
+
+void relay_engine::claim_failed(const std::string& why) {
+    (void)dispatch_.on_claim_failed();
+    apply_resets_after_claim();
+    const auto delay = claim_backoff_.next();
+    log::warn("claim failed; retrying", {{"error", why}, {"retry_in", format_duration(delay)}});
+    maybe_finish();
+    if (dispatch_.stopping()) return;
+    arm(relay_timer::claim_retry, clock_.steady() + delay);
+}
+
+// What a backlog drain left behind its watermark, or a key unblocked behind
+// the low mark, is found by a claim that starts further back.
+void relay_engine::reset_claim_marks(bool watermark_too) {
+    if (dispatch_.claiming()) {
+        reset_after_claim_ = std::max(reset_after_claim_, watermark_too ? 2 : 1);
+        return;
+    }
+    low_mark_.reset();
+    if (watermark_too) drain_watermark_.reset();
+}
+
+void relay_engine::apply_resets_after_claim() {
+    if (reset_after_claim_ == 0) return;
+    low_mark_.reset();
+    if (reset_after_claim_ == 2) drain_watermark_.reset();
+    reset_after_claim_ = 0;
+}
+
+// How many events to hold and claim at once (see core/claim_capacity.hpp).
+void relay_engine::fit_capacity() {
+    const auto c = capacity_for(cfg_.concurrency, delivery_rate_.per_second(clock_.steady()),
+                                cfg_.lease - longest_attempt_, largest_claim);
+    dispatch_.resize(c.slots, c.batch);
+}
+
+// Starts claimed events, oldest first, while delivery slots are free.
+void relay_engine::pump() {
+    if (pumping_) return;  // called again by finished() inside deliver()
+    pumping_ = true;
+    while (sending_ < cfg_.concurrency && !ready_.empty() && !finishing_) {
+        auto next = std::move(ready_.front());
+        ready_.pop_front();
+        if (clock_.steady() > next.lease_end - longest_attempt_) {
+            // It waited behind requests that hung until their timeouts: an
+            // attempt now might outlast the lease and race the relay that
+            // claims it next. Not sent; the lease runs out and the event is
+            // claimed again (by us or another relay).
+            log::warn("claimed event waited too long for a delivery slot; left for its lease to expire",
+                      {{"event_id", str(next.e->id)}});
+            start_claim(dispatch_.on_delivery_finished());
+            continue;
+        }
+        ++sending_;
+        deliver(std::move(next.e), next.lease_end);
+    }
+    pumping_ = false;
+}
+
+// The next-due timer: exact retries and delayed events. `replace` when the
+// database's answer is authoritative; otherwise only ever earlier.
+void relay_engine::arm_next_due(milliseconds in, bool replace) {
+    // Nothing further than the next sweep needs a timer: the sweep claims
+    // then anyway. Also keeps now + in from overflowing for an event due
+    // centuries ahead.
+    const auto when = clock_.steady() + std::clamp(in, milliseconds(0), cfg_.sweep_interval);
+    if (!replace && next_due_armed_ && next_due_at_ <= when) return;
+    next_due_armed_ = true;
+    next_due_at_ = when;
+    arm(relay_timer::next_due, when);
+}
+
+void relay_engine::sweep() {
+    if (dispatch_.stopping()) return;
+    // What committed late behind the low mark: this claim starts from the
+    // beginning of the index.
+    reset_claim_marks(false);
+    wake();
+    if (cfg_.idempotency_retention.count() > 0) emit(housekeeping_command{housekeeping_job::idempotency_keys});
+    emit(housekeeping_command{housekeeping_job::key_holds});
+    emit(housekeeping_command{housekeeping_job::orphan_deliveries});
+    if (cfg_.dead_letter_retention.count() > 0) emit(housekeeping_command{housekeeping_job::dead_letters});
+    arm(relay_timer::sweep, clock_.steady() + cfg_.sweep_interval);
+}
+
+// One purge batch per job: a full one queues the next behind whatever
+// outcomes are waiting, so a large purge never delays them for long.
+void relay_engine::dead_letters_purged(bool more) {
+    if (more && !dispatch_.stopping()) emit(housekeeping_command{housekeeping_job::dead_letters});
+}
+
+// ---- delivering --------------------------------------------------------------
+
+void relay_engine::finished() {
+    --sending_;
+    delivery_rate_.record(clock_.steady());
+    flush_outcomes();
+    pump();
+    fit_capacity();
+    start_claim(dispatch_.on_delivery_finished());
+    maybe_finish();
+}
+
+void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end) {
+    const auto unix_now =
+        std::chrono::duration_cast<std::chrono::seconds>(clock_.wall().time_since_epoch()).count();
+    auto built = e->undecodable ? request_headers_result{{}, e->undecodable}
+                                : build_request_headers(*e, unix_now, message_prefix_);
+    if (e->destination) {
+        if (built.error) {
+            // Nothing about this event can change: dead-letter it there now.
+            log::error("delivery cannot be sent; moving to dead letters",
+                       {{"event_id", str(e->id)}, {"destination", *e->destination}, {"error", *built.error}});
+            record_owed({e->id, *e->destination, e->attempt}, e->ordering_key.has_value(),
+                        {0, {delivery_outcome::kind::dead, {}, *built.error}, std::nullopt, {}});
+            finished();
+            return;
+        }
+        deliver_owed(std::move(e), std::move(built.headers), unix_now, lease_end);
+        return;
+    }
+    const lease_ref ref{e->id, e->attempt};
+    const bool keyed = e->ordering_key.has_value();
+    if (built.error) {
+        bury_unsendable(*e, *built.error);
+        return;
+    }
+    const auto targets = e->only_to.empty() ? routes_.match(e->topic) : named_destinations(e->only_to);
+    if (targets.empty() && e->only_to.empty()) {
+        unroutable(*e);
+        return;
+    }
+    if (const auto bad = std::find_if_not(e->only_to.begin(), e->only_to.end(), valid_destination_name);
+        bad != e->only_to.end()) {
+        // events.destinations is written by replays, but nothing stops other
+        // writers: a name no destination can have can never be delivered
+        // (and no delivery row may carry it).
+        bury_unsendable(*e, fmt::format("the event names a destination that cannot exist: '{}'", *bad));
+        return;
+    }
+    if (targets.size() < e->only_to.size()) {
+        // A replayed event owed to destinations of which this relay does not
+        // know some: each gets its own delivery row, where a relay that knows
+        // it delivers it (and a destination nobody knows holds back its key
+        // there only, as any stalled destination). Not an attempt.
+        fan_out_item item{ref, {}, {}};
+        for (const auto& name : e->only_to) item.owed.push_back({name, milliseconds(0), e->attempt - 1, {}});
+        pending_.fan_outs.push_back(std::move(item));
+        pending_.unblocks_key = pending_.unblocks_key || keyed;
+        finished();
+        return;
+    }
+    if (e->key_pending) {
+        // Earlier events of this key still wait at some destination: this one
+        // queues behind them, at each destination on its own.
+        fan_out_item item{ref, {}, {}};
+        for (const auto i : targets) item.owed.push_back({cfg_.destinations[i].name, milliseconds(0), 0, {}});
+        pending_.fan_outs.push_back(std::move(item));
+        pending_.unblocks_key = true;
+        finished();
+        return;
+    }
+    auto state = std::make_shared<event_in_flight>(event_in_flight{ref, keyed, 0, {}, {}});
+    // A destination whose connections are all busy here (stalled, or just
+    // slow) does not get to hold this event's delivery slot: the event is
+    // handed to its own delivery row there, due now but claimed only while
+    // that destination has a free connection; other destinations, and other
+    // events, go on.
+    for (const auto i : targets) {
+        if (lanes_[i].full()) {
+            state->deferred.push_back(i);
+        } else {
+            ++state->waiting;
+        }
+    }
+    if (state->waiting == 0) {
+        settle(*state);
+        return;
+    }
+    for (const auto i : targets) {
+        if (std::find(state->deferred.begin(), state->deferred.end(), i) != state->deferred.end()) continue;
+        send(i, e, built.headers, unix_now, lease_end, {i, state, std::nullopt});
+    }
+}
+
+void relay_engine::deliver_owed(std::shared_ptr<const event> e, header_list headers, std::int64_t unix_now,
+                                steady_time lease_end) {
+    const delivery_ref ref{e->id, *e->destination, e->attempt};
+    const bool keyed = e->ordering_key.has_value();
+    const auto it = std::find_if(cfg_.destinations.begin(), cfg_.destinations.end(),
+                                 [&](const destination_config& d) { return d.name == *e->destination; });
+    if (it == cfg_.destinations.end()) {
+        // Cannot happen: claims ask only for our destinations. Should it, the
+        // delivery is not sent but handed back due now.
+        log::warn("delivery for a destination this relay does not know; handed back",
+                  {{"event_id", str(e->id)}, {"destination", *e->destination}});
+        pending_.deliveries.retries.push_back(
+            {ref, milliseconds(0), fmt::format("destination {} is not in this relay's configuration", *e->destination)});
+        finished();
+        return;
+    }
+    const auto i = static_cast<std::size_t>(it - cfg_.destinations.begin());
+    if (!lanes_[i].full()) {
+        owed_item item{e, ref, keyed, {}, unix_now, lease_end};
+        send(i, std::move(e), std::move(headers), unix_now, lease_end, {i, nullptr, std::move(item)});
+        return;
+    }
+    owed_item item{std::move(e), ref, keyed, std::move(headers), unix_now, lease_end};
+    // Claimed just before its destination filled up: wait here for a
+    // connection, but only as long as the request still fits in the lease.
+    lanes_[i].waiting.push_back(std::move(item));
+}
+
+// Signs and sends one request to destination `i` now (a free connection is
+// the caller's business). The attempt ends a little before the lease does,
+// so its outcome is recorded while the lease is still ours.
+void relay_engine::send(std::size_t i, std::shared_ptr<const event> e, header_list headers, std::int64_t unix_now,
+                        steady_time lease_end, send_waiter waiter) {
+    const auto& d = cfg_.destinations[i];
+    add_destination_headers(headers, d.headers);
+    if (!d.signing_secrets.empty()) {
+        // Signs exactly what is sent: the webhook-id and -timestamp and the body.
+        headers.emplace_back("webhook-signature",
+                             sign_webhook(d.signing_secrets, headers.front().second, unix_now, e->payload));
+    }
+    ++lanes_[i].busy;
+    const auto deadline = lease_end - std::min(cfg_.lease / 10, milliseconds(1000));
+    const auto id = next_send_id_++;
+    sends_.emplace(id, std::move(waiter));
+    emit(send_command{id, i, std::move(e), std::move(headers), deadline});
+}
+
+void relay_engine::sent(std::uint64_t send_id, send_result result) {
+    if (finishing_) return;  // shutdown timed out: the lease release covers this delivery
+    const auto it = sends_.find(send_id);
+    if (it == sends_.end()) return;
+    auto waiter = std::move(it->second);
+    sends_.erase(it);
+    lane_freed(waiter.destination);
+    if (waiter.direct) {
+        on_event_result(*waiter.direct, waiter.destination, result);
+    } else {
+        on_owed_result(*waiter.owed, waiter.destination, result);
+    }
+}
+
+void relay_engine::lane_freed(std::size_t i) {
+    auto& lane = lanes_[i];
+    const bool was_full = lane.full();
+    --lane.busy;
+    if (!lane.waiting.empty()) {
+        auto next = std::move(lane.waiting.front());
+        lane.waiting.pop_front();
+        start_waiting(i, std::move(next));
+    } else if (was_full) {
+        // Deliveries to it were left unclaimed while it was full.
+        wake();
+    }
+}
+
+// A delivery that waited in its destination's lane gets a connection.
+void relay_engine::start_waiting(std::size_t i, owed_item item) {
+    const auto& d = cfg_.destinations[i];
+    if (clock_.steady() > item.lease_end - d.connect_timeout - d.request_timeout) {
+        send_result r;
+        r.transport_error = true;
+        r.error = fmt::format("no free connection to destination {} within the lease", d.name);
+        on_owed_result(item, i, r);
+        // The connection was not used: the next waiting delivery may take it.
+        ++lanes_[i].busy;
+        lane_freed(i);
+        return;
+    }
+    auto e = item.e;
+    auto headers = std::move(item.headers);  // the waiter needs only the rest
+    const auto unix_now = item.unix_now;
+    const auto lease_end = item.lease_end;
+    send(i, std::move(e), std::move(headers), unix_now, lease_end, {i, nullptr, std::move(item)});
+}
+
+relay_engine::destination_result relay_engine::judge(std::size_t i, std::int32_t attempt, const send_result& r) {
+    const attempt_report report{r.transport_error, r.status, r.error, r.retry_after, r.body_excerpt};
+    return {i, classify_attempt(report, attempt, cfg_.destinations[i].retry, unit_(rng_), clock_.wall()),
+            r.transport_error ? std::nullopt : std::optional<int>(static_cast<int>(r.status)), r.body_excerpt};
+}
+
+void relay_engine::log_result(std::int64_t id, const destination_result& res, std::int32_t attempt,
+                              std::chrono::microseconds elapsed) const {
+    // Per event: build the fields only when the line is written.
+    if (res.outcome.what == delivery_outcome::kind::delivered && !log::enabled(log::level::debug)) return;
+    const auto& name = cfg_.destinations[res.destination].name;
+    switch (res.outcome.what) {
+        case delivery_outcome::kind::delivered:
+            log::debug("delivered", {{"event_id", str(id)}, {"destination", name}, {"us", str(elapsed.count())}});
+            break;
+        case delivery_outcome::kind::retry:
+            log::warn("delivery failed; will retry",
+                      {{"event_id", str(id)}, {"destination", name}, {"attempt", str(attempt)},
+                       {"retry_in", format_duration(res.outcome.retry_in)}, {"error", res.outcome.error}});
+            break;
+        case delivery_outcome::kind::dead:
+            log::error("delivery failed for good; moving to dead letters",
+                       {{"event_id", str(id)}, {"destination", name}, {"attempt", str(attempt)},
+                        {"error", res.outcome.error}});
+            break;
+    }
+}
+
+// One destination answered for an event sent straight from `events`.
+void relay_engine::on_event_result(event_in_flight& state, std::size_t i, const send_result& r) {
+    auto res = judge(i, state.ref.attempt, r);
+    log_result(state.ref.id, res, state.ref.attempt, r.elapsed);
+    if (res.outcome.what != delivery_outcome::kind::delivered) state.failures.push_back(std::move(res));
+    if (--state.waiting > 0) return;
+    settle(state);
+}
+
+// One destination answered for a fanned-out delivery.
+void relay_engine::on_owed_result(const owed_item& item, std::size_t i, const send_result& r) {
+    auto res = judge(i, item.ref.attempt, r);
+    log_result(item.ref.id, res, item.ref.attempt, r.elapsed);
+    record_owed(item.ref, item.keyed, res);
+    finished();
+}
+
+// Every destination of a directly sent event has answered (or was deferred).
+void relay_engine::settle(const event_in_flight& state) {
+    if (state.failures.empty() && state.deferred.empty()) {
+        pending_.delivered.push_back(state.ref);
+    } else {
+        // From here each failed destination keeps its own schedule; the ones
+        // that accepted the event are done with it for good.
+        fan_out_item item{state.ref, {}, {}};
+        for (const auto& f : state.failures) {
+            const auto& name = cfg_.destinations[f.destination].name;
+            if (f.outcome.what == delivery_outcome::kind::retry) {
+                item.owed.push_back({name, f.outcome.retry_in, state.ref.attempt, f.outcome.error});
+            } else {
+                item.dead.push_back({name, state.ref.attempt, f.outcome.error, f.status, f.excerpt});
+            }
+        }
+        for (const auto i : state.deferred) {
+            // Not attempted there: the attempt count stays where it was.
+            item.owed.push_back({cfg_.destinations[i].name, milliseconds(0), state.ref.attempt - 1, {}});
+        }
+        for (const auto& o : item.owed) retry_after_flush(o.due_in);
+        pending_.fan_outs.push_back(std::move(item));
+    }
+    pending_.unblocks_key = pending_.unblocks_key || state.keyed;
+    finished();
+}
+
+void relay_engine::record_owed(const delivery_ref& ref, bool keyed, const destination_result& res) {
+    switch (res.outcome.what) {
+        case delivery_outcome::kind::delivered:
+            pending_.deliveries.delivered.push_back(ref);
+            pending_.unblocks_key = pending_.unblocks_key || keyed;
+            break;
+        case delivery_outcome::kind::retry:
+            retry_after_flush(res.outcome.retry_in);
+            pending_.deliveries.retries.push_back({ref, res.outcome.retry_in, res.outcome.error});
+            break;
+        case delivery_outcome::kind::dead:
+            pending_.deliveries.dead.push_back({ref, res.outcome.error, res.status, res.excerpt});
+            pending_.unblocks_key = pending_.unblocks_key || keyed;
+            break;
+    }
+}
+
+// A retry is due in `in` once the pending outcomes are recorded.
+void relay_engine::retry_after_flush(milliseconds in) {
+    arm_due_after_flush_ = std::min(arm_due_after_flush_.value_or(in), in);
+}
+
+// Indices of the configured destinations with these names (a replayed event
+// owed to some destinations only).
+std::vector<std::size_t> relay_engine::named_destinations(const std::vector<std::string>& names) const {
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < cfg_.destinations.size(); ++i) {
+        if (std::find(names.begin(), names.end(), cfg_.destinations[i].name) != names.end()) out.push_back(i);
+    }
+    return out;
+}
+
+// A whole event that can never be sent as it is: a dead letter now, with the
+// reason; the rest of its key goes on.
+void relay_engine::bury_unsendable(const event& e, const std::string& why) {
+    log::error("event cannot be sent; moving to dead letters",
+               {{"event_id", str(e.id)}, {"topic", e.topic}, {"error", why}});
+    pending_.dead.push_back({lease_ref{e.id, e.attempt}, why, std::nullopt, {}});
+    pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
+    finished();
+}
+
+// No route matches the topic. Not lost: the event stays in the outbox,
+// retried on the [defaults.retry] schedule with the reason in last_error
+// (shown by `outboxd status`), so a relay with a newer configuration picks it
+// up; when the attempts run out it becomes a dead letter, to be replayed.
+// With an ordering key it would hold back every later event of its key
+// meanwhile: it becomes a dead letter at once instead.
+void relay_engine::unroutable(const event& e) {
+    const auto why = fmt::format("no route matches topic '{}'", e.topic);
+    if (e.ordering_key) {
+        bury_unsendable(e, fmt::format("{}; dead-lettered at once so that it does not hold back the later events "
+                                       "of its ordering key (replay it once a route matches)",
+                                       why));
+        return;
+    }
+    const auto outcome = classify_attempt({true, 0, why, {}, {}}, e.attempt, cfg_.default_retry, unit_(rng_),
+                                          clock_.wall());
+    log::warn("no route for event; it stays in the outbox",
+              {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}});
+    const lease_ref ref{e.id, e.attempt};
+    if (outcome.what == delivery_outcome::kind::dead) {
+        pending_.dead.push_back({ref, outcome.error, std::nullopt, {}});
+    } else {
+        retry_after_flush(outcome.retry_in);
+        pending_.retries.push_back({ref, outcome.retry_in, outcome.error});
+    }
+    finished();
+}
+
+// ---- recording outcomes ------------------------------------------------------
+
+void relay_engine::flush_outcomes() {
+    if (writing_ || pending_.empty() || finishing_) return;
+    writing_ = std::make_shared<const outcome_batch>(std::exchange(pending_, {}));
+    writing_retry_in_ = std::exchange(arm_due_after_flush_, std::nullopt);
+    emit(write_outcomes_command{writing_});
+}
+
+void relay_engine::outcomes_written(std::size_t fenced) {
+    if (!writing_) return;
+    const auto batch = std::exchange(writing_, nullptr);
+    const auto retry_in = std::exchange(writing_retry_in_, std::nullopt);
+    ++flushes_recorded_;
+    flush_backoff_.reset();
+    if (fenced > 0) {
+        log::warn("lease lost before the outcome was recorded; the event's new holder delivers it again",
+                  {{"outcomes", str(static_cast<std::int64_t>(fenced))}});
+    }
+    if (retry_in && !dispatch_.stopping()) arm_next_due(*retry_in, false);
+    // A keyed event finished: the next event of its key may be due, and may
+    // be behind the drain watermark or the low mark (it was skipped while
+    // blocked): the next claim starts from the beginning.
+    if (batch->unblocks_key) reset_claim_marks(true);
+    start_claim(dispatch_.on_outcomes_recorded(batch->unblocks_key));
+    flush_outcomes();
+    maybe_finish();
+}
+
+void relay_engine::outcomes_failed(const std::string& why) {
+    if (!writing_) return;
+    // Kept, in front of what finished meanwhile: outcomes are fenced and
+    // idempotent, writing them again is safe.
+    auto again = *std::exchange(writing_, nullptr);
+    again.append(std::exchange(pending_, {}));
+    pending_ = std::move(again);
+    if (const auto retry_in = std::exchange(writing_retry_in_, std::nullopt)) retry_after_flush(*retry_in);
+    const auto delay = flush_backoff_.next();
+    log::warn("recording outcomes failed; retrying", {{"error", why}, {"retry_in", format_duration(delay)}});
+    arm(relay_timer::flush_retry, clock_.steady() + delay);
+}
+
+// ---- shutdown ------------------------------------------------------------------
+
+void relay_engine::signalled(int signal_number) {
+    if (dispatch_.stopping()) {
+        log::warn("second signal: exiting now; unfinished leases expire on their own",
+                  {{"signal", str(signal_number)}});
+        emit(exit_now_command{});
+        return;
+    }
+    log::info("shutting down: no new claims, finishing in-flight deliveries",
+              {{"signal", str(signal_number)}, {"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))},
+               {"timeout", format_duration(cfg_.shutdown_timeout)}});
+    dispatch_.on_stop();
+    // Not started yet: not sent at all. finish() releases their leases.
+    for (; !ready_.empty(); ready_.pop_front()) (void)dispatch_.on_delivery_finished();
+    emit(stop_listening_command{});
+    cancel(relay_timer::sweep);
+    cancel(relay_timer::next_due);
+    cancel(relay_timer::claim_retry);
+    arm(relay_timer::shutdown, clock_.steady() + cfg_.shutdown_timeout);
+    maybe_finish();
+}
+
+void relay_engine::maybe_finish() {
+    if (dispatch_.drained() && !writing_ && pending_.empty()) finish();
+}
+
+// Writes what is left, hands back every lease we still hold (due now, so the
+// next relay need not wait for expiry), and stops.
+void relay_engine::finish() {
+    if (finishing_) return;
+    finishing_ = true;
+    cancel(relay_timer::shutdown);
+    cancel(relay_timer::flush_retry);
+    // A write still running (a timed-out shutdown) is written again with the
+    // rest: writing an outcome twice changes nothing.
+    outcome_batch last;
+    if (writing_) last = *std::exchange(writing_, nullptr);
+    last.append(std::exchange(pending_, {}));
+    emit(finish_command{std::move(last)});
+}
+
+}  // namespace outboxd

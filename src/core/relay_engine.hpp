@@ -1,0 +1,318 @@
+#pragma once
+// The relay's decisions, with no I/O: when to claim and how many, which
+// claimed event goes where, what an answer means for the event, what is
+// written back and when, the timers, and shutdown. Single-threaded; it is
+// fed inputs (a claim came back, a destination answered, outcomes were
+// written, a timer fired, a wake-up, a signal) and answers with commands
+// (claim, send, write outcomes, arm a timer, finish), which the shell in
+// src/app/relay.cpp carries out on the event loop, the database threads and
+// the sinks, feeding their results back. Nothing the engine holds is ever
+// touched by another thread: what a database job needs travels inside its
+// command, what it found comes back inside its result.
+//
+// The life of a claimed item
+//   claimed ─> ready (FIFO; held while a delivery slot is busy)
+//          ─> being sent (one of `concurrency` slots)
+//               ├─ straight from `events`: sent to every destination its
+//               │  topic routes to that has a free connection; deferred
+//               │  where it has none (handed to its own delivery row there)
+//               └─ a fanned-out delivery: to its one destination, or waits
+//                  in that destination's lane for a free connection while
+//                  the request still fits in the lease
+//          ─> settled: its outcome joins the pending batch, and the slot
+//             is free (finished())
+//   A ready item whose lease would end before an attempt could is not sent:
+//   the lease runs out and the event is claimed again.
+//
+// Claims (see core/dispatcher.hpp and core/claim_capacity.hpp): one at a
+// time, sized to the free slots, which include events claimed ahead of
+// their slot while a backlog drains; where the claim starts (drain
+// watermark, low mark) and whether deliveries are due is kept here and sent
+// with each claim (core/claim_sequence.hpp).
+//
+// Outcomes: one write at a time; what finishes meanwhile waits in `pending`
+// and goes with the next write. A write that fails is kept and written
+// again after a backoff (every write is fenced and idempotent). A keyed
+// event settled means its key's next event may be due: the next claim
+// starts from the beginning of the index.
+//
+// Timers: the sweep (a claim now and then for what no wake-up announced,
+// and housekeeping), the next-due timer (retries and delayed events on
+// time, never further than the sweep), the claim and flush retry timers,
+// and the shutdown timeout. Each arm carries a generation; a timer that
+// fires after it was re-armed or cancelled is ignored.
+//
+// Shutdown: the first signal stops claiming and drops the ready queue
+// (their leases are released), lets what is being sent finish, writes what
+// is pending, then finishes (release every lease we hold, stop). The
+// shutdown timeout finishes without waiting further; a second signal exits
+// at once.
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "core/claim_sequence.hpp"
+#include "core/clock.hpp"
+#include "core/config.hpp"
+#include "core/db_backoff.hpp"
+#include "core/delivery_outcome.hpp"
+#include "core/dispatcher.hpp"
+#include "core/event.hpp"
+#include "core/outcome_batch.hpp"
+#include "core/rate_meter.hpp"
+#include "core/routing.hpp"
+
+namespace outboxd {
+
+using steady_time = std::chrono::steady_clock::time_point;
+
+enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown };
+inline constexpr std::size_t relay_timer_count = 5;
+
+// What a destination made of one request (the sink's report, I/O-free).
+struct send_result {
+    bool transport_error = false;  // no HTTP status (DNS, connect, TLS, reset, timeout)
+    unsigned status = 0;
+    std::string error;
+    std::string retry_after;
+    std::string body_excerpt;
+    std::chrono::microseconds elapsed{0};
+};
+
+// ---- commands (engine -> shell) ------------------------------------------
+
+// Run one claim on the claim connection (run_claim) and feed back claimed()
+// or claim_failed().
+struct claim_command {
+    claim_request request;
+};
+// Send one request; feed back sent(send_id, ...) once, whatever happens.
+// Nothing may start after `deadline`, and the attempt ends by it.
+struct send_command {
+    std::uint64_t send_id = 0;
+    std::size_t destination = 0;  // index into config::destinations
+    std::shared_ptr<const event> e;
+    header_list headers;
+    steady_time deadline{};
+};
+// Write the batch on the outcome connection; feed back outcomes_written()
+// or outcomes_failed(). The batch is not changed until then.
+struct write_outcomes_command {
+    std::shared_ptr<const outcome_batch> batch;
+};
+struct arm_timer_command {
+    relay_timer timer = relay_timer::sweep;
+    steady_time at{};
+    std::uint64_t generation = 0;  // feed back with timer_fired()
+};
+struct cancel_timer_command {
+    relay_timer timer = relay_timer::sweep;
+};
+// Housekeeping on the outcome connection, off the claim path; a failure is
+// only logged (the next sweep tries again).
+enum class housekeeping_job { idempotency_keys, key_holds, orphan_deliveries, dead_letters };
+struct housekeeping_command {
+    housekeeping_job job = housekeeping_job::key_holds;
+};
+// Shutdown began: stop the wake-up sources (LISTEN).
+struct stop_listening_command {};
+// Close the sinks, write `last` (best effort), release every lease still
+// held (after any claim still running), stop the loop.
+struct finish_command {
+    outcome_batch last;
+};
+// Exit the process now, without waiting for anything (second signal).
+struct exit_now_command {};
+
+using relay_command = std::variant<claim_command, send_command, write_outcomes_command, arm_timer_command,
+                                   cancel_timer_command, housekeeping_command, stop_listening_command,
+                                   finish_command, exit_now_command>;
+
+class relay_engine {
+public:
+    // cfg must outlive the engine. seed: the retry jitter's randomness.
+    relay_engine(const config& cfg, const clock_source& clock, std::uint64_t seed);
+
+    // ---- inputs ----
+    // LISTEN is active: drain what committed before it, start the sweep.
+    // message_prefix: what this outbox's webhook-ids start with.
+    void start(std::string message_prefix);
+    // Something may be due: a notification, a reconnect.
+    void wake();
+    void claimed(claim_outcome result);
+    void claim_failed(const std::string& why);
+    void sent(std::uint64_t send_id, send_result result);
+    void outcomes_written(std::size_t fenced);
+    void outcomes_failed(const std::string& why);
+    void timer_fired(relay_timer timer, std::uint64_t generation);
+    void signalled(int signal_number);
+    // A dead-letter purge came back with a full batch: more may be past retention.
+    void dead_letters_purged(bool more);
+
+    // What to do now, in order; each input adds to it.
+    [[nodiscard]] std::vector<relay_command> take_commands();
+
+    // ---- observers (logs and tests) ----
+    [[nodiscard]] std::size_t sending() const noexcept { return sending_; }
+    [[nodiscard]] std::size_t ready() const noexcept { return ready_.size(); }
+    [[nodiscard]] std::size_t held() const noexcept { return dispatch_.in_flight(); }
+    [[nodiscard]] std::size_t busy_connections(std::size_t destination) const { return lanes_.at(destination).busy; }
+    [[nodiscard]] std::size_t lane_waiting(std::size_t destination) const {
+        return lanes_.at(destination).waiting.size();
+    }
+    [[nodiscard]] const outcome_batch& pending_outcomes() const noexcept { return pending_; }
+    [[nodiscard]] bool stopping() const noexcept { return dispatch_.stopping(); }
+
+private:
+    struct ready_item {
+        std::shared_ptr<const event> e;
+        steady_time lease_end;
+    };
+    // What one destination made of one attempt.
+    struct destination_result {
+        std::size_t destination = 0;
+        delivery_outcome outcome;
+        std::optional<int> status;  // nullopt: no HTTP status
+        std::string excerpt;
+    };
+    // An event sent straight to every destination its topic routes to: its
+    // outcome is known once all of them have answered.
+    struct event_in_flight {
+        lease_ref ref;
+        bool keyed = false;
+        std::size_t waiting = 0;
+        std::vector<destination_result> failures;
+        // No free connection there: not attempted, handed to its own
+        // delivery row to wait for one.
+        std::vector<std::size_t> deferred;
+    };
+    // One destination's delivery of a fanned-out event (headers: only while
+    // it waits in its lane).
+    struct owed_item {
+        std::shared_ptr<const event> e;
+        delivery_ref ref;
+        bool keyed = false;
+        header_list headers;
+        std::int64_t unix_now = 0;
+        steady_time lease_end;
+    };
+    // Whom a send's answer is for.
+    struct send_waiter {
+        std::size_t destination = 0;
+        std::shared_ptr<event_in_flight> direct;  // set: part of a direct event
+        std::optional<owed_item> owed;            // else: a delivery
+    };
+    // A destination's share of this relay: requests in flight, and
+    // deliveries claimed for it that wait for one of its connections.
+    struct lane {
+        std::size_t busy = 0;
+        std::size_t limit = 1;
+        std::deque<owed_item> waiting;
+        [[nodiscard]] bool full() const noexcept { return busy >= limit; }
+    };
+
+    void emit(relay_command c) { commands_.push_back(std::move(c)); }
+    void arm(relay_timer t, steady_time at);
+    void cancel(relay_timer t);
+    [[nodiscard]] std::uint64_t& generation(relay_timer t) { return timer_generation_[static_cast<std::size_t>(t)]; }
+
+    // claiming
+    void start_claim(std::size_t n);
+    void fit_capacity();
+    void pump();
+    void reset_claim_marks(bool watermark_too);
+    void apply_resets_after_claim();
+    void arm_next_due(std::chrono::milliseconds in, bool replace);
+    void sweep();
+
+    // delivering
+    void deliver(std::shared_ptr<const event> e, steady_time lease_end);
+    void deliver_owed(std::shared_ptr<const event> e, header_list headers, std::int64_t unix_now,
+                      steady_time lease_end);
+    void send(std::size_t destination, std::shared_ptr<const event> e, header_list headers, std::int64_t unix_now,
+              steady_time lease_end, send_waiter waiter);
+    void lane_freed(std::size_t destination);
+    void start_waiting(std::size_t destination, owed_item item);
+    [[nodiscard]] destination_result judge(std::size_t destination, std::int32_t attempt, const send_result& r);
+    void log_result(std::int64_t id, const destination_result& res, std::int32_t attempt,
+                    std::chrono::microseconds elapsed) const;
+    void on_event_result(event_in_flight& state, std::size_t destination, const send_result& r);
+    void on_owed_result(const owed_item& item, std::size_t destination, const send_result& r);
+    void settle(const event_in_flight& state);
+    void record_owed(const delivery_ref& ref, bool keyed, const destination_result& res);
+    void bury_unsendable(const event& e, const std::string& why);
+    void unroutable(const event& e);
+    void retry_after_flush(std::chrono::milliseconds in);
+    [[nodiscard]] std::vector<std::size_t> named_destinations(const std::vector<std::string>& names) const;
+    // Every claimed item ends in exactly one call: its slot is free.
+    void finished();
+
+    // recording outcomes
+    void flush_outcomes();
+
+    // shutdown
+    void maybe_finish();
+    void finish();
+
+    const config& cfg_;
+    const clock_source& clock_;
+    route_table routes_;
+    std::string message_prefix_;
+    std::vector<relay_command> commands_;
+    std::mt19937_64 rng_;
+    std::uniform_real_distribution<double> unit_{0.0, 1.0};
+    std::array<std::uint64_t, relay_timer_count> timer_generation_{};
+
+    // ---- claiming ----
+    dispatcher dispatch_;
+    rate_meter delivery_rate_;  // items finished per second, for claiming ahead
+    // The longest one attempt may take at any destination (connect + request).
+    std::chrono::milliseconds longest_attempt_{0};
+    // Sent with the next claim, updated by its outcome (see claim_sequence.hpp).
+    bool deliveries_due_ = true;
+    std::optional<claim_watermark> drain_watermark_;
+    std::optional<std::string> low_mark_;
+    // Resets asked for while a claim ran: applied after its outcome, which
+    // would otherwise overwrite them (0: none, 1: low mark, 2: both).
+    int reset_after_claim_ = 0;
+    steady_time claim_asked_{};
+    // Outcome writes finished when the running claim began: if more finish
+    // before it returns, its snapshot may predate a retry just recorded.
+    std::uint64_t flushes_at_claim_ = 0;
+    db_backoff claim_backoff_;
+    bool next_due_armed_ = false;
+    steady_time next_due_at_{};
+
+    // ---- delivering ----
+    std::deque<ready_item> ready_;
+    std::size_t sending_ = 0;
+    bool pumping_ = false;
+    std::vector<lane> lanes_;  // one per destination, same index
+    std::unordered_map<std::uint64_t, send_waiter> sends_;
+    std::uint64_t next_send_id_ = 1;
+
+    // ---- recording outcomes ----
+    outcome_batch pending_;
+    // The soonest retry among pending_: the next-due timer is armed for it
+    // once the retry is recorded (not before: an early claim finds nothing).
+    std::optional<std::chrono::milliseconds> arm_due_after_flush_;
+    std::shared_ptr<const outcome_batch> writing_;  // set while a write runs
+    std::optional<std::chrono::milliseconds> writing_retry_in_;
+    std::uint64_t flushes_recorded_ = 0;
+    db_backoff flush_backoff_;
+
+    // ---- shutdown ----
+    bool finishing_ = false;
+};
+
+}  // namespace outboxd
