@@ -51,6 +51,7 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             wake();
             break;
         case relay_timer::flush_retry:
+            flush_backing_off_ = false;
             flush_outcomes();
             break;
         case relay_timer::shutdown:
@@ -549,7 +550,7 @@ void relay_engine::unroutable(const event& e) {
 // ---- recording outcomes ------------------------------------------------------
 
 void relay_engine::flush_outcomes() {
-    if (writing_ || pending_.empty() || finishing_) return;
+    if (writing_ || flush_backing_off_ || pending_.empty() || finishing_) return;
     writing_ = std::make_shared<const outcome_batch>(std::exchange(pending_, {}));
     writing_retry_in_ = std::exchange(arm_due_after_flush_, std::nullopt);
     emit(write_outcomes_command{writing_});
@@ -585,6 +586,8 @@ void relay_engine::outcomes_failed(const std::string& why) {
     if (const auto retry_in = std::exchange(writing_retry_in_, std::nullopt)) retry_after_flush(*retry_in);
     const auto delay = flush_backoff_.next();
     log::warn("recording outcomes failed; retrying", {{"error", why}, {"retry_in", format_duration(delay)}});
+    // Nothing is written before then, however many outcomes come in.
+    flush_backing_off_ = true;
     arm(relay_timer::flush_retry, clock_.steady() + delay);
 }
 

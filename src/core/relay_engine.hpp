@@ -310,6 +310,7 @@ private:
     std::optional<std::chrono::milliseconds> writing_retry_in_;
     std::uint64_t flushes_recorded_ = 0;
     db_backoff flush_backoff_;
+    bool flush_backing_off_ = false;  // a write failed: the next waits for flush_retry
 
     // ---- shutdown ----
     bool finishing_ = false;

@@ -1,0 +1,172 @@
+#include "core/claim_sequence.hpp"
+
+#include <doctest/doctest.h>
+
+#include <deque>
+#include <string>
+#include <vector>
+
+// The claim's statements, run against a script: which statement, in which
+// order, from where, and what the next claim starts from.
+
+using namespace outboxd;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct call {
+    std::string what;  // "events" or "deliveries"
+    std::size_t size = 0;
+    std::optional<claim_watermark> after;
+    std::optional<std::string> low_mark;
+};
+
+class scripted_port final : public claim_port {
+public:
+    claim_result claim_events(std::size_t size, std::chrono::milliseconds, const std::optional<claim_watermark>& after,
+                              const std::optional<std::string>& low_mark) override {
+        calls.push_back({"events", size, after, low_mark});
+        REQUIRE_FALSE(event_answers.empty());
+        auto r = std::move(event_answers.front());
+        event_answers.pop_front();
+        return r;
+    }
+    std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds,
+                                        std::span<const std::string>) override {
+        calls.push_back({"deliveries", size, {}, {}});
+        REQUIRE_FALSE(delivery_answers.empty());
+        auto r = std::move(delivery_answers.front());
+        delivery_answers.pop_front();
+        return r;
+    }
+    std::deque<claim_result> event_answers;
+    std::deque<std::vector<event>> delivery_answers;
+    std::vector<call> calls;
+};
+
+std::vector<event> events(std::int64_t first, std::size_t n) {
+    std::vector<event> out;
+    for (std::size_t i = 0; i < n; ++i) {
+        event e;
+        e.id = first + static_cast<std::int64_t>(i);
+        out.push_back(e);
+    }
+    return out;
+}
+
+claim_result picked(std::int64_t first, std::size_t n, std::string low_mark = "low") {
+    claim_result r;
+    r.events = events(first, n);
+    r.picked = n;
+    if (n > 0) r.last = claim_watermark{"t", first + static_cast<std::int64_t>(n) - 1};
+    r.low_mark = std::move(low_mark);
+    return r;
+}
+
+claim_request request(std::size_t wanted) {
+    claim_request r;
+    r.wanted = wanted;
+    r.lease = 30s;
+    r.open_destinations = {"a"};
+    r.deliveries_due = false;
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("claim sequence: sizes are powers of two up to 1024") {
+    CHECK(claim_size(0) == 0);
+    CHECK(claim_size(1) == 1);
+    CHECK(claim_size(3) == 2);
+    CHECK(claim_size(128) == 128);
+    CHECK(claim_size(1000) == 512);
+    CHECK(claim_size(5000) == largest_claim);
+}
+
+TEST_CASE("claim sequence: a full claim starts a drain; the next continues behind it") {
+    scripted_port db;
+    db.event_answers = {picked(1, 4)};
+    auto out = run_claim(db, request(4));
+    CHECK(out.full);
+    REQUIRE(out.drain_watermark);
+    CHECK(out.drain_watermark->id == 4);
+    CHECK_FALSE(out.low_mark);  // it did not take everything due
+
+    db.event_answers = {picked(5, 4)};
+    auto next = request(4);
+    next.drain_watermark = out.drain_watermark;
+    out = run_claim(db, next);
+    REQUIRE(db.calls.size() == 2);
+    CHECK(db.calls[1].after->id == 4);
+    CHECK(out.drain_watermark->id == 8);
+}
+
+TEST_CASE("claim sequence: the end of a drain looks once more from the low mark for late commits") {
+    scripted_port db;
+    db.event_answers = {picked(9, 1), picked(3, 2, "new low")};
+    auto r = request(8);
+    r.drain_watermark = claim_watermark{"t", 8};
+    r.low_mark = "old low";
+    const auto out = run_claim(db, r);
+    REQUIRE(db.calls.size() == 2);
+    CHECK(db.calls[0].size == 8);
+    CHECK(db.calls[0].after);
+    CHECK_FALSE(db.calls[1].after);
+    CHECK(db.calls[1].low_mark == "old low");
+    CHECK(db.calls[1].size == 4);  // what is left of 8, in a prepared size
+    CHECK(out.events.size() == 3);
+    CHECK_FALSE(out.drain_watermark);
+    CHECK(out.low_mark == "new low");  // that claim took all it found
+    CHECK_FALSE(out.full);
+}
+
+TEST_CASE("claim sequence: deliveries first when the last claim saw them due, after events when this one does") {
+    scripted_port db;
+    db.delivery_answers = {events(100, 1)};
+    db.event_answers = {picked(1, 1)};
+    auto r = request(4);
+    r.deliveries_due = true;
+    auto out = run_claim(db, r);
+    REQUIRE(db.calls.size() == 2);
+    CHECK(db.calls[0].what == "deliveries");
+    CHECK(db.calls[0].size == 4);
+    CHECK(db.calls[1].what == "events");
+    CHECK(db.calls[1].size == 2);  // 3 left: the prepared size 2
+    CHECK(out.events.size() == 2);
+
+    scripted_port later;
+    auto seen = picked(1, 1);
+    seen.deliveries_due = true;
+    later.event_answers = {seen};
+    later.delivery_answers = {events(100, 2)};
+    out = run_claim(later, request(4));
+    REQUIRE(later.calls.size() == 2);
+    CHECK(later.calls[1].what == "deliveries");
+    CHECK(later.calls[1].size == 2);  // what the events left, in a prepared size
+    CHECK(out.deliveries_due);
+    CHECK(out.events.size() == 3);
+}
+
+TEST_CASE("claim sequence: no destination with a free connection, no delivery claim") {
+    scripted_port db;
+    auto seen = picked(1, 0);
+    seen.deliveries_due = true;
+    db.event_answers = {seen};
+    auto r = request(4);
+    r.deliveries_due = true;
+    r.open_destinations.clear();
+    const auto out = run_claim(db, r);
+    REQUIRE(db.calls.size() == 1);
+    CHECK(db.calls[0].what == "events");
+    CHECK(out.deliveries_due);  // still due: claimed once a connection frees up
+}
+
+TEST_CASE("claim sequence: a claim that picked rows it could not lease still counts as full") {
+    scripted_port db;
+    auto r = picked(1, 1);
+    r.picked = 2;  // one row's key was held by another claim
+    db.event_answers = {r};
+    const auto out = run_claim(db, request(2));
+    CHECK(out.full);
+    CHECK(out.drain_watermark);
+}

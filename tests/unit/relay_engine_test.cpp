@@ -1,0 +1,554 @@
+#include "core/relay_engine.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "core/claim_capacity.hpp"
+#include "core/log.hpp"
+
+// The relay engine on simulated time: every input is given by the test, every
+// command it answers is inspected; no sockets, no database, no sleeps.
+
+using namespace outboxd;
+using namespace std::chrono_literals;
+using std::chrono::milliseconds;
+
+namespace {
+
+class fake_clock final : public clock_source {
+public:
+    [[nodiscard]] steady_time steady() const override { return now; }
+    [[nodiscard]] std::chrono::system_clock::time_point wall() const override {
+        return std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 56)) + (now - steady_time{});
+    }
+    void advance(milliseconds d) { now += d; }
+    steady_time now{std::chrono::hours(1)};
+};
+
+destination_config destination(std::string name, std::size_t max_concurrency = 32) {
+    destination_config d;
+    d.name = std::move(name);
+    d.connect_timeout = 1s;
+    d.request_timeout = 2s;
+    d.max_concurrency = max_concurrency;
+    return d;
+}
+
+// One destination "a" that every topic routes to, unless a test adds more.
+config one_destination(std::size_t concurrency = 4) {
+    config c;
+    c.concurrency = concurrency;
+    c.lease = 30s;
+    c.sweep_interval = 30s;
+    c.shutdown_timeout = 10s;
+    c.destinations.push_back(destination("a"));
+    c.routes.push_back({{">"}, {"a"}});
+    return c;
+}
+
+event make_event(std::int64_t id, std::optional<std::string> key = std::nullopt, std::string topic = "orders.created") {
+    event e;
+    e.id = id;
+    e.topic = std::move(topic);
+    e.ordering_key = std::move(key);
+    e.payload = R"({"n":1})";
+    e.attempt = 1;
+    return e;
+}
+
+send_result ok() {
+    send_result r;
+    r.status = 200;
+    return r;
+}
+
+send_result server_error() {
+    send_result r;
+    r.status = 500;
+    return r;
+}
+
+// Drives one engine and keeps what it said.
+struct harness {
+    explicit harness(config c) : cfg(std::move(c)), engine(cfg, clock, 42) {
+        log::set_level(log::level::error);  // the engine's warnings are expected here
+    }
+    ~harness() { log::set_level(log::level::info); }
+    harness(const harness&) = delete;
+    harness& operator=(const harness&) = delete;
+
+    // Takes the engine's commands since the last call.
+    std::vector<relay_command>& step() {
+        last = engine.take_commands();
+        return last;
+    }
+    template <typename T>
+    [[nodiscard]] std::vector<T> all() const {
+        std::vector<T> out;
+        for (const auto& c : last) {
+            if (const auto* t = std::get_if<T>(&c)) out.push_back(*t);
+        }
+        return out;
+    }
+    template <typename T>
+    [[nodiscard]] T one() const {
+        const auto v = all<T>();
+        REQUIRE(v.size() == 1);
+        return v.front();
+    }
+    template <typename T>
+    [[nodiscard]] bool has() const {
+        return !all<T>().empty();
+    }
+    [[nodiscard]] std::optional<arm_timer_command> armed(relay_timer t) const {
+        std::optional<arm_timer_command> found;
+        for (const auto& a : all<arm_timer_command>()) {
+            if (a.timer == t) found = a;
+        }
+        return found;
+    }
+
+    // start() and the first claim it asks for.
+    claim_command start() {
+        engine.start("msg_0000000000000001_");
+        step();
+        return one<claim_command>();
+    }
+    // The claim comes back with these events (`full`: as many as asked).
+    void claim_returns(std::vector<event> events, bool full = false) {
+        claim_outcome o;
+        o.events = std::move(events);
+        o.full = full;
+        o.started = clock.now;
+        o.done = clock.now;
+        engine.claimed(std::move(o));
+        step();
+    }
+    void answer(const send_command& s, send_result r) {
+        engine.sent(s.send_id, std::move(r));
+        step();
+    }
+
+    config cfg;
+    fake_clock clock;
+    relay_engine engine;
+    std::vector<relay_command> last;
+};
+
+std::vector<std::int64_t> ids(const std::vector<send_command>& sends) {
+    std::vector<std::int64_t> out;
+    for (const auto& s : sends) out.push_back(s.e->id);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("relay engine: a wake claims the free slots, claimed events are sent, outcomes written in one batch") {
+    harness h(one_destination(4));
+    const auto claim = h.start();
+    CHECK(claim.request.wanted == 4);
+    CHECK(claim.request.open_destinations == std::vector<std::string>{"a"});
+    CHECK(h.armed(relay_timer::sweep));
+
+    h.claim_returns({make_event(1), make_event(2)});
+    const auto sends = h.all<send_command>();
+    REQUIRE(sends.size() == 2);
+    CHECK(ids(sends) == std::vector<std::int64_t>{1, 2});
+    CHECK(sends[0].headers.front().first == "webhook-id");
+    CHECK(sends[0].headers.front().second == "msg_0000000000000001_1");
+    // The attempt ends before the lease does (a tenth of it, at most 1 s).
+    CHECK(sends[0].deadline == h.clock.now + 30s - 1s);
+    CHECK(h.engine.sending() == 2);
+
+    h.answer(sends[0], ok());
+    const auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->delivered.size() == 1);
+    CHECK(write.batch->delivered[0].id == 1);
+    // One write at a time: the second outcome waits for the first to be recorded.
+    h.answer(sends[1], ok());
+    CHECK_FALSE(h.has<write_outcomes_command>());
+    CHECK(h.engine.pending_outcomes().delivered.size() == 1);
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.one<write_outcomes_command>().batch->delivered[0].id == 2);
+}
+
+TEST_CASE("relay engine: claims ahead of the free slots only once deliveries are fast, never beyond the bound") {
+    auto cfg = one_destination(2);
+    harness h(cfg);
+    auto claim = h.start();
+    // At startup the delivery rate is unknown: no event is claimed ahead.
+    CHECK(claim.request.wanted == 2);
+    std::int64_t next_id = 1;
+    std::size_t largest_wanted = 0;
+    std::size_t most_sending = 0;
+    // A backlog: every claim comes back full; each request is answered 1 ms
+    // after it was sent.
+    for (int round = 0; round < 200; ++round) {
+        const auto claims = h.all<claim_command>();
+        if (!claims.empty()) {
+            const auto wanted = claims.back().request.wanted;
+            largest_wanted = std::max(largest_wanted, wanted);
+            std::vector<event> events;
+            for (std::size_t i = 0; i < wanted; ++i) events.push_back(make_event(next_id++));
+            h.claim_returns(std::move(events), /*full=*/true);
+        }
+        most_sending = std::max(most_sending, h.engine.sending());
+        const auto sends = h.all<send_command>();
+        if (sends.empty()) break;
+        h.clock.advance(1ms);
+        h.answer(sends.front(), ok());
+        if (h.has<write_outcomes_command>()) {
+            h.engine.outcomes_written(0);
+            auto more = h.last;  // keep the answer's commands too
+            h.step();
+            more.insert(more.end(), h.last.begin(), h.last.end());
+            h.last = more;
+        }
+        // Everything still in flight is answered before the next round.
+        for (const auto& s : sends) {
+            if (s.send_id == sends.front().send_id) continue;
+            h.engine.sent(s.send_id, ok());
+        }
+        auto more = h.last;
+        h.step();
+        more.insert(more.end(), h.last.begin(), h.last.end());
+        h.last = more;
+        if (h.has<write_outcomes_command>()) {
+            h.engine.outcomes_written(0);
+            more = h.last;
+            h.step();
+            more.insert(more.end(), h.last.begin(), h.last.end());
+            h.last = more;
+        }
+    }
+    // Delivery slots bound what is being sent; claiming ahead took more per
+    // claim than the free slots, and at most most_ahead_per_slot per slot.
+    CHECK(most_sending <= cfg.concurrency);
+    CHECK(largest_wanted > cfg.concurrency);
+    CHECK(largest_wanted <= cfg.concurrency * (1 + most_ahead_per_slot));
+    CHECK(h.engine.held() <= cfg.concurrency * (1 + most_ahead_per_slot));
+}
+
+TEST_CASE("relay engine: a destination with no free connection is deferred; the others get the event at once") {
+    auto cfg = one_destination(4);
+    cfg.destinations = {destination("slow", 1), destination("fast")};
+    cfg.routes = {{{">"}, {"slow", "fast"}}};
+    harness h(cfg);
+    h.start();
+    h.claim_returns({make_event(1)});
+    const auto first = h.all<send_command>();
+    REQUIRE(first.size() == 2);  // to both
+    // While "slow" holds its one connection, the next event goes to "fast" only.
+    h.engine.wake();
+    h.step();
+    const auto claim = h.one<claim_command>();
+    CHECK(claim.request.open_destinations == std::vector<std::string>{"fast"});
+    h.claim_returns({make_event(2, "k")});
+    const auto second = h.all<send_command>();
+    REQUIRE(second.size() == 1);
+    CHECK(second[0].destination == 1);
+    CHECK(h.engine.busy_connections(0) == 1);
+    h.answer(second[0], ok());
+    // Settled: delivered to "fast", owed to "slow" (due now, not an attempt there).
+    const auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->fan_outs.size() == 1);
+    const auto& f = write.batch->fan_outs[0];
+    CHECK(f.ref.id == 2);
+    REQUIRE(f.owed.size() == 1);
+    CHECK(f.owed[0].destination == "slow");
+    CHECK(f.owed[0].due_in == 0ms);
+    CHECK(f.owed[0].attempts == 0);
+    CHECK(write.batch->unblocks_key);
+}
+
+TEST_CASE("relay engine: a claimed event whose lease would end before its attempt is not sent") {
+    harness h(one_destination(1));  // longest attempt: 1 s connect + 2 s request
+    h.start();
+    h.claim_returns({make_event(1), make_event(2)});  // the second waits for the slot
+    const auto first = h.one<send_command>();
+    CHECK(h.engine.ready() == 1);
+    // The first request hangs until 28 s into the 30 s lease: event 2 can no
+    // longer finish an attempt within its lease.
+    h.clock.advance(28s);
+    h.answer(first, ok());
+    CHECK_FALSE(h.has<send_command>());
+    CHECK(h.engine.ready() == 0);
+    CHECK(h.engine.sending() == 0);
+    CHECK(h.engine.held() == 0);  // its slot is free again; it comes back once its lease ends
+    CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);  // event 1 only
+}
+
+TEST_CASE("relay engine: a lane-waiting delivery that no longer fits in its lease fails without being sent") {
+    auto cfg = one_destination(4);
+    cfg.destinations = {destination("a", 1)};
+    harness h(cfg);
+    h.start();
+    auto owed1 = make_event(1);
+    owed1.destination = "a";
+    auto owed2 = make_event(2);
+    owed2.destination = "a";
+    h.claim_returns({owed1, owed2});
+    const auto first = h.one<send_command>();
+    CHECK(h.engine.lane_waiting(0) == 1);
+    h.clock.advance(28s);
+    h.answer(first, ok());
+    CHECK_FALSE(h.has<send_command>());
+    CHECK(h.engine.lane_waiting(0) == 0);
+    // The freed connection goes to the waiting delivery first, which fails
+    // at once (it is written first); then the answer is recorded.
+    const auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->deliveries.retries.size() == 1);
+    CHECK(write.batch->deliveries.retries[0].ref.id == 2);
+    CHECK(write.batch->deliveries.retries[0].error == "no free connection to destination a within the lease");
+    REQUIRE(h.engine.pending_outcomes().deliveries.delivered.size() == 1);
+    CHECK(h.engine.pending_outcomes().deliveries.delivered[0].id == 1);
+    CHECK(h.engine.sending() == 0);
+}
+
+TEST_CASE("relay engine: shutdown drops claimed-ahead events, lets the one in flight finish, writes, then finishes") {
+    harness h(one_destination(1));
+    h.start();
+    h.claim_returns({make_event(1), make_event(2), make_event(3)});
+    const auto in_flight = h.one<send_command>();
+    CHECK(h.engine.ready() == 2);
+    h.engine.signalled(15);
+    h.step();
+    CHECK(h.has<stop_listening_command>());
+    const auto timeout = h.armed(relay_timer::shutdown);
+    REQUIRE(timeout);
+    CHECK(timeout->at == h.clock.now + 10s);
+    CHECK(h.engine.ready() == 0);
+    CHECK(h.engine.held() == 1);
+    CHECK_FALSE(h.has<finish_command>());
+    // A wake-up after the signal claims nothing.
+    h.engine.wake();
+    h.step();
+    CHECK_FALSE(h.has<claim_command>());
+    h.answer(in_flight, ok());
+    CHECK_FALSE(h.has<finish_command>());  // its outcome is written first
+    CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);
+    h.engine.outcomes_written(0);
+    h.step();
+    const auto finish = h.one<finish_command>();
+    CHECK(finish.last.empty());
+}
+
+TEST_CASE("relay engine: the shutdown timeout finishes with a request still in flight; its answer is ignored") {
+    harness h(one_destination(2));
+    h.start();
+    h.claim_returns({make_event(1), make_event(2)});
+    const auto sends = h.all<send_command>();
+    REQUIRE(sends.size() == 2);
+    h.answer(sends[0], ok());  // being written when the signal comes
+    REQUIRE(h.has<write_outcomes_command>());
+    h.engine.signalled(2);
+    h.step();
+    const auto timeout = *h.armed(relay_timer::shutdown);
+    h.clock.advance(10s);
+    h.engine.timer_fired(relay_timer::shutdown, timeout.generation);
+    h.step();
+    // The write that had not come back is written again with the rest (fenced, idempotent).
+    const auto finish = h.one<finish_command>();
+    CHECK(finish.last.delivered.size() == 1);
+    h.answer(sends[1], ok());
+    CHECK(h.last.empty());
+}
+
+TEST_CASE("relay engine: a second signal exits at once") {
+    harness h(one_destination(1));
+    h.start();
+    h.claim_returns({make_event(1)});
+    h.engine.signalled(15);
+    h.step();
+    CHECK_FALSE(h.has<exit_now_command>());
+    h.engine.signalled(15);
+    h.step();
+    CHECK(h.has<exit_now_command>());
+}
+
+TEST_CASE("relay engine: an outcome write that fails is written again after a backoff, with what finished since") {
+    harness h(one_destination(2));
+    h.start();
+    h.claim_returns({make_event(1), make_event(2)});
+    const auto sends = h.all<send_command>();
+    h.answer(sends[0], ok());
+    REQUIRE(h.has<write_outcomes_command>());
+    h.engine.outcomes_failed("connection lost");
+    h.step();
+    const auto retry = h.armed(relay_timer::flush_retry);
+    REQUIRE(retry);
+    CHECK(retry->at == h.clock.now + 100ms);
+    h.answer(sends[1], ok());
+    CHECK_FALSE(h.has<write_outcomes_command>());  // not before the backoff
+    h.clock.advance(100ms);
+    h.engine.timer_fired(relay_timer::flush_retry, retry->generation);
+    h.step();
+    const auto again = h.one<write_outcomes_command>();
+    REQUIRE(again.batch->delivered.size() == 2);
+    CHECK(again.batch->delivered[0].id == 1);
+    CHECK(again.batch->delivered[1].id == 2);
+    // A second failure backs off longer.
+    h.engine.outcomes_failed("still down");
+    h.step();
+    CHECK(h.armed(relay_timer::flush_retry)->at == h.clock.now + 200ms);
+}
+
+TEST_CASE("relay engine: a keyed event recorded sends the next claim back to the start of the index") {
+    harness h(one_destination(2));
+    h.start();
+    // A full claim during a backlog: the next claim continues behind it.
+    claim_outcome o;
+    o.events = {make_event(1, "k"), make_event(2)};
+    o.full = true;
+    o.drain_watermark = claim_watermark{"2026-11-30 00:00:00+00", 2};
+    o.low_mark = "2026-11-30 00:00:00+00";
+    o.started = h.clock.now;
+    h.engine.claimed(std::move(o));
+    h.step();
+    const auto sends = h.all<send_command>();
+    REQUIRE(sends.size() == 2);
+    h.answer(sends[1], ok());  // unkeyed: its slot is free
+    REQUIRE(h.has<write_outcomes_command>());
+    auto claims = h.all<claim_command>();
+    REQUIRE(claims.size() == 1);
+    CHECK(claims[0].request.drain_watermark);  // still draining
+    h.engine.outcomes_written(0);
+    h.step();
+    h.claim_returns({});
+    h.answer(sends[0], ok());  // the keyed one
+    const auto write = h.one<write_outcomes_command>();
+    CHECK(write.batch->unblocks_key);
+    h.engine.outcomes_written(0);
+    h.step();
+    claims = h.all<claim_command>();
+    REQUIRE(claims.size() == 1);
+    CHECK_FALSE(claims[0].request.drain_watermark);
+    CHECK_FALSE(claims[0].request.low_mark);
+}
+
+TEST_CASE("relay engine: a reset asked for while a claim runs applies after its outcome") {
+    harness h(one_destination(2));
+    h.start();
+    h.claim_returns({make_event(1, "k")});
+    const auto send = h.one<send_command>();
+    h.engine.wake();
+    h.step();
+    REQUIRE(h.has<claim_command>());  // runs while the keyed event's outcome is recorded
+    h.answer(send, ok());
+    h.engine.outcomes_written(0);
+    h.step();
+    // The running claim comes back with marks that predate the unblocked key.
+    claim_outcome o;
+    o.low_mark = "2026-11-30 00:00:00+00";
+    o.started = h.clock.now;
+    h.engine.claimed(std::move(o));
+    h.step();
+    const auto claim = h.one<claim_command>();  // asked for when the key unblocked
+    CHECK_FALSE(claim.request.low_mark);
+}
+
+TEST_CASE("relay engine: a failed claim is retried after a growing backoff; the sweep claims from the start") {
+    harness h(one_destination(2));
+    h.start();
+    h.engine.claim_failed("server closed the connection");
+    h.step();
+    auto retry = h.armed(relay_timer::claim_retry);
+    REQUIRE(retry);
+    CHECK(retry->at == h.clock.now + 100ms);
+    h.clock.advance(100ms);
+    h.engine.timer_fired(relay_timer::claim_retry, retry->generation);
+    h.step();
+    REQUIRE(h.has<claim_command>());
+    h.engine.claim_failed("again");
+    h.step();
+    CHECK(h.armed(relay_timer::claim_retry)->at == h.clock.now + 200ms);
+
+    harness s(one_destination(2));
+    const auto sweep = *[&] { s.engine.start({}); s.step(); return s.armed(relay_timer::sweep); }();
+    claim_outcome o;
+    o.low_mark = "2026-11-30 00:00:00+00";
+    s.engine.claimed(std::move(o));
+    s.step();
+    s.clock.advance(30s);
+    s.engine.timer_fired(relay_timer::sweep, sweep.generation);
+    s.step();
+    CHECK_FALSE(s.one<claim_command>().request.low_mark);
+    CHECK(s.all<housekeeping_command>().size() == 4);
+    CHECK(s.armed(relay_timer::sweep));
+}
+
+TEST_CASE("relay engine: a timer that fires after it was re-armed or cancelled is ignored") {
+    harness h(one_destination(2));
+    h.start();
+    const auto first_sweep = *h.armed(relay_timer::sweep);
+    h.engine.signalled(15);  // cancels the sweep
+    h.step();
+    h.engine.timer_fired(relay_timer::sweep, first_sweep.generation);
+    h.step();
+    CHECK(h.last.empty());
+}
+
+TEST_CASE("relay engine: the next-due timer follows the claim, never beyond the sweep, earlier only after a write") {
+    harness h(one_destination(2));
+    h.start();
+    claim_outcome o;
+    o.next_due = 5s;
+    h.engine.claimed(std::move(o));
+    h.step();
+    CHECK(h.armed(relay_timer::next_due)->at == h.clock.now + 5s);
+    // Due in centuries: clamped to the sweep interval (no overflow, no busy loop).
+    h.engine.wake();
+    h.step();
+    claim_outcome far;
+    far.next_due = milliseconds(std::numeric_limits<std::int64_t>::max() / 2);
+    h.engine.claimed(std::move(far));
+    h.step();
+    CHECK(h.armed(relay_timer::next_due)->at == h.clock.now + 30s);
+}
+
+TEST_CASE("relay engine: a retry is timed from the write that records it") {
+    harness h(one_destination(1));
+    h.start();
+    h.claim_returns({make_event(1)});
+    h.answer(h.one<send_command>(), server_error());
+    const auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->fan_outs.size() == 1);
+    const auto due_in = write.batch->fan_outs[0].owed.at(0).due_in;
+    CHECK(due_in >= 4s);  // 5 s less at most 20 % jitter
+    CHECK(due_in <= 5s);
+    CHECK_FALSE(h.armed(relay_timer::next_due));  // not before it is recorded
+    h.clock.advance(50ms);
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.armed(relay_timer::next_due)->at == h.clock.now + due_in);
+}
+
+TEST_CASE("relay engine: events no destination can take are settled without a request") {
+    auto cfg = one_destination(4);
+    cfg.routes = {{{"orders.>"}, {"a"}}};
+    harness h(cfg);
+    h.start();
+    auto bad_header = make_event(1);
+    bad_header.headers = {{"bad name", "x"}};
+    auto replayed_to_nowhere = make_event(2);
+    replayed_to_nowhere.only_to = {"a", "not a valid name"};
+    h.claim_returns({bad_header, make_event(3, std::nullopt, "billing.paid"), make_event(4, "k", "billing.paid"),
+                     replayed_to_nowhere});
+    CHECK_FALSE(h.has<send_command>());
+    const auto write = h.one<write_outcomes_command>();
+    // The first settled goes alone; the rest wait for the next write.
+    h.engine.outcomes_written(0);
+    h.step();
+    outcome_batch all = *write.batch;
+    all.append(outcome_batch(*h.one<write_outcomes_command>().batch));
+    REQUIRE(all.dead.size() == 3);  // bad header, keyed unroutable, invalid replay name
+    CHECK(all.dead[0].ref.id == 1);
+    REQUIRE(all.retries.size() == 1);  // unroutable, no key: stays, on the default schedule
+    CHECK(all.retries[0].ref.id == 3);
+    CHECK(h.engine.sending() == 0);
+}
