@@ -259,8 +259,8 @@ private:
             fail(ec);
             return;
         }
-        // Small requests and responses: Nagle plus delayed ACK would hold
-        // each one back by a delayed-ACK timeout.
+        // Small requests and responses: Nagle plus the peer's delayed ACK
+        // would hold each one back (bench/NOTES.md, "HTTP client").
         beast::error_code ignored;
         tcp_layer().socket().set_option(tcp::no_delay(true), ignored);
         if constexpr (is_tls) {
