@@ -39,6 +39,7 @@ void configure_tls(ssl::context& context, const tls_settings& tls) {
 }
 
 std::string prepare_tls_session(SSL* session, const std::string& host, bool host_is_ip, bool verify) {
+    // SNI lets a server that hosts many names pick the certificate.
     if (!host_is_ip && SSL_set_tlsext_host_name(session, host.c_str()) != 1) return openssl_reason();
     if (!verify) return {};
     // OpenSSL checks the name (or IP address) during the handshake itself,
