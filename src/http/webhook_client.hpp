@@ -19,15 +19,9 @@
 #include "core/event.hpp"
 #include "core/tls_settings.hpp"
 #include "core/url.hpp"
+#include "http/response_limits.hpp"  // max_response_bytes and the other bounds on a response
 
 namespace outboxd::http {
-
-// Bytes read for one request's response at most, everything included
-// (status lines and headers of interim and final responses, chunk-size
-// lines and their extensions, trailers, body). Past it the attempt fails as
-// a transport error ("response ... too large"). The body itself is read up
-// to 1 MiB (only max_body_excerpt of it kept), which reports the status.
-inline constexpr std::size_t max_response_bytes = 4 * 1024 * 1024;
 
 // What a name lookup found: the addresses, or why there are none.
 struct resolution {
