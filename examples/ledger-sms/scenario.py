@@ -223,8 +223,7 @@ class Scenario:
         sent_at = {s["deposit_id"]: s["attempt"] for s in self.sent()}
         for d in outage_ids:
             say(f"   {d} sent at attempt {sent_at[d]}")
-        say("   the relay's retries of them (outboxd.log; an attempt 1 there may have waited behind its "
-            "account's earlier text):")
+        say("   the relay's retries of them (outboxd.log):")
         wanted = {f"event_id={self.deposits[d]} " for d in outage_ids}
         for line in (self.dir / "outboxd.log").read_text(errors="replace").splitlines():
             if "will retry" in line and any(w in line + " " for w in wanted):
