@@ -105,7 +105,7 @@ public:
                     cfg_.db_keepalive_timeout),
           signals_(ioc_, SIGINT, SIGTERM),
           timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
-                  net::steady_timer(ioc_), net::steady_timer(ioc_)} {
+                  net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_)} {
         for (const auto& d : cfg_.destinations) {
             try {
                 sinks_.push_back(d.kind == transport::stdout_lines
@@ -333,6 +333,21 @@ private:
             } catch (const std::exception& e) {
                 log::warn(fmt::format("{} failed", task), {{"error", scrub_secrets(e.what(), opts_.dsn)}});
             }
+        });
+    }
+
+    void run(release_deliveries_command& c) {
+        outcome_worker_.submit([this, destination = std::move(c.destination)](pg::store& store) {
+            try {
+                const auto released = store.release_waiting_deliveries(destination);
+                log::info("released waiting deliveries", {{"destination", destination},
+                                                          {"count", fmt::format("{}", released)}});
+            } catch (const std::exception& e) {
+                // They stay on their own schedule.
+                log::warn("releasing waiting deliveries failed",
+                          {{"destination", destination}, {"error", scrub_secrets(e.what(), opts_.dsn)}});
+            }
+            net::post(ioc_, [this] { wake(); });
         });
     }
 

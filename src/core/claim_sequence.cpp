@@ -1,5 +1,6 @@
 #include "core/claim_sequence.hpp"
 
+#include <algorithm>
 #include <iterator>
 #include <utility>
 
@@ -11,6 +12,33 @@ void append(std::vector<event>& to, std::vector<event>&& from) {
     std::move(from.begin(), from.end(), std::back_inserter(to));
 }
 
+// Up to `wanted` deliveries, none beyond a destination's free connections.
+// Returns whether a statement came back full.
+bool claim_deliveries(claim_port& db, const claim_request& request, std::size_t wanted, std::vector<event>& got) {
+    bool full = false;
+    const auto start = got.size();
+    std::vector<std::string> roomy;
+    for (const auto& d : request.open_destinations) {
+        if (d.free >= wanted) roomy.push_back(d.name);
+    }
+    if (!roomy.empty()) {
+        const auto size = claim_size(wanted);
+        auto some = db.claim_deliveries(size, request.lease, roomy);
+        full = some.size() == size;
+        append(got, std::move(some));
+    }
+    for (const auto& d : request.open_destinations) {
+        const auto left = wanted - (got.size() - start);
+        if (d.free >= wanted || d.free == 0 || left == 0) continue;
+        const auto size = claim_size(std::min(d.free, left));
+        const std::string name[] = {d.name};
+        auto some = db.claim_deliveries(size, request.lease, name);
+        full = full || some.size() == size;
+        append(got, std::move(some));
+    }
+    return full;
+}
+
 }  // namespace
 
 claim_outcome run_claim(claim_port& db, const claim_request& request) {
@@ -20,11 +48,7 @@ claim_outcome run_claim(claim_port& db, const claim_request& request) {
     const auto& open = request.open_destinations;
 
     const bool deliveries_first = request.deliveries_due && !open.empty();
-    if (deliveries_first) {
-        const auto size = claim_size(request.wanted);
-        out.events = db.claim_deliveries(size, request.lease, open);
-        out.full = out.events.size() == size;
-    }
+    if (deliveries_first) out.full = claim_deliveries(db, request, request.wanted, out.events);
     // Events come in prepared sizes (powers of two), at most what is left.
     const auto size = claim_size(request.wanted - out.events.size());
     auto claimed = db.claim_events(size, request.lease, out.drain_watermark, out.low_mark);
@@ -59,10 +83,8 @@ claim_outcome run_claim(claim_port& db, const claim_request& request) {
     out.full = out.full || events_full;
     append(out.events, std::move(claimed.events));
     if (!deliveries_first && claimed.deliveries_due && !open.empty() && out.events.size() < request.wanted) {
-        const auto more_size = claim_size(request.wanted - out.events.size());
-        auto more = db.claim_deliveries(more_size, request.lease, open);
-        out.full = out.full || more.size() == more_size;
-        append(out.events, std::move(more));
+        const bool more_full = claim_deliveries(db, request, request.wanted - out.events.size(), out.events);
+        out.full = out.full || more_full;
     }
     out.deliveries_due = claimed.deliveries_due;
     out.next_due = claimed.next_due;

@@ -14,7 +14,9 @@
 //   - when a drain ends (a claim from the watermark comes back less than
 //     full), once more from the low mark for what committed late behind the
 //     watermark: its NOTIFY came and went while we were draining;
-//   - deliveries after events when the event claim says some are due.
+//   - deliveries after events when the event claim says some are due;
+//   - deliveries in one statement for the destinations with at least as
+//     many free connections as wanted, one statement each for the others.
 // Everything the next claim needs travels in the request and the outcome:
 // the claim thread keeps no state of its own.
 
@@ -44,11 +46,19 @@ public:
                                                               std::span<const std::string> destinations) = 0;
 };
 
+// A destination that can take requests now, and how many.
+struct open_destination {
+    std::string name;
+    std::size_t free = 0;  // connections free (1 while its circuit probes)
+};
+
 struct claim_request {
     std::size_t wanted = 0;  // free slots: claim at most this many
     std::chrono::milliseconds lease{0};
-    // Destinations with a free connection: only their deliveries are claimed.
-    std::vector<std::string> open_destinations;
+    // Only their deliveries are claimed, and for each at most as many as it
+    // has free connections: a delivery never waits here for a connection
+    // while holding a delivery slot (and its lease).
+    std::vector<open_destination> open_destinations;
     bool deliveries_due = true;  // the last claim saw deliveries due
     std::optional<claim_watermark> drain_watermark;
     std::optional<std::string> low_mark;

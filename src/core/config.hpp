@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/event.hpp"
+#include "core/circuit_breaker.hpp"
 #include "core/retry_policy.hpp"
 #include "core/signing.hpp"
 #include "core/tls_settings.hpp"
@@ -50,6 +51,7 @@ struct destination_config {
     std::string signing_secrets_in_file;
     // all transports:
     retry_policy retry;
+    circuit_settings circuit;
 };
 
 // 1 to 64 of A-Z a-z 0-9 _ - (what deliveries.destination accepts too).

@@ -25,6 +25,7 @@ relay_engine::relay_engine(const config& cfg, const clock_source& clock, std::ui
     for (const auto& d : cfg_.destinations) {
         longest_attempt_ = std::max(longest_attempt_, d.connect_timeout + d.request_timeout);
         lanes_.push_back({0, std::max<std::size_t>(1, d.max_concurrency), {}});
+        circuits_.emplace_back(d.circuit);
     }
 }
 
@@ -54,6 +55,10 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             flush_backing_off_ = false;
             flush_outcomes();
             break;
+        case relay_timer::circuit_probe:
+            wake();  // a claim that includes the destinations that may probe now
+            arm_probe();
+            break;
         case relay_timer::shutdown:
             log::warn("shutdown timeout: releasing deliveries still in flight",
                       {{"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))}});
@@ -75,9 +80,12 @@ void relay_engine::wake() { start_claim(dispatch_.on_wake()); }
 void relay_engine::start_claim(std::size_t n) {
     if (n == 0) return;
     claim_request request{n, cfg_.lease, {}, deliveries_due_, drain_watermark_, low_mark_};
-    // Deliveries are claimed only for destinations with a free connection here.
+    // Deliveries are claimed only for destinations that can take them now,
+    // as many as each has free connections.
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
-        if (!lanes_[i].full()) request.open_destinations.push_back(cfg_.destinations[i].name);
+        if (const auto free = free_connections(i); free > 0) {
+            request.open_destinations.push_back({cfg_.destinations[i].name, free});
+        }
     }
     claim_asked_ = clock_.steady();
     flushes_at_claim_ = flushes_recorded_;
@@ -288,26 +296,21 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         return;
     }
     auto state = std::make_shared<event_in_flight>(event_in_flight{ref, keyed, 0, {}, {}});
-    // A destination whose connections are all busy here (stalled, or just
-    // slow) does not get to hold this event's delivery slot: the event is
-    // handed to its own delivery row there, due now but claimed only while
-    // that destination has a free connection; other destinations, and other
-    // events, go on.
+    // A destination that cannot take a request now (its connections are all
+    // busy, or its circuit is open) does not get to hold this event's
+    // delivery slot: the event is handed to its own delivery row there, due
+    // now but claimed only once that destination can take it; other
+    // destinations, and other events, go on. Answers never come back inside
+    // send(), so `waiting` is complete before the first one.
     for (const auto i : targets) {
-        if (lanes_[i].full()) {
+        if (!can_send(i)) {
             state->deferred.push_back(i);
-        } else {
-            ++state->waiting;
+            continue;
         }
-    }
-    if (state->waiting == 0) {
-        settle(*state);
-        return;
-    }
-    for (const auto i : targets) {
-        if (std::find(state->deferred.begin(), state->deferred.end(), i) != state->deferred.end()) continue;
+        ++state->waiting;
         send(i, e, built.headers, unix_now, lease_end, {i, state, std::nullopt});
     }
+    if (state->waiting == 0) settle(*state);
 }
 
 void relay_engine::deliver_owed(std::shared_ptr<const event> e, header_list headers, std::int64_t unix_now,
@@ -327,6 +330,10 @@ void relay_engine::deliver_owed(std::shared_ptr<const event> e, header_list head
         return;
     }
     const auto i = static_cast<std::size_t>(it - cfg_.destinations.begin());
+    if (!circuits_[i].allows_request(clock_.steady())) {
+        hand_back({std::move(e), ref, keyed, {}, unix_now, lease_end}, i);
+        return;
+    }
     if (!lanes_[i].full()) {
         owed_item item{e, ref, keyed, {}, unix_now, lease_end};
         send(i, std::move(e), std::move(headers), unix_now, lease_end, {i, nullptr, std::move(item)});
@@ -351,6 +358,7 @@ void relay_engine::send(std::size_t i, std::shared_ptr<const event> e, header_li
                              sign_webhook(d.signing_secrets, headers.front().second, unix_now, e->payload));
     }
     ++lanes_[i].busy;
+    circuits_[i].on_request();
     const auto deadline = lease_end - std::min(cfg_.lease / 10, milliseconds(1000));
     const auto id = next_send_id_++;
     sends_.emplace(id, std::move(waiter));
@@ -363,6 +371,7 @@ void relay_engine::sent(std::uint64_t send_id, send_result result) {
     if (it == sends_.end()) return;
     auto waiter = std::move(it->second);
     sends_.erase(it);
+    judge_health(waiter.destination, result);
     lane_freed(waiter.destination);
     if (waiter.direct) {
         on_event_result(*waiter.direct, waiter.destination, result);
@@ -385,9 +394,66 @@ void relay_engine::lane_freed(std::size_t i) {
     }
 }
 
+bool relay_engine::can_send(std::size_t i) { return !lanes_[i].full() && circuits_[i].allows_request(clock_.steady()); }
+
+std::size_t relay_engine::free_connections(std::size_t i) {
+    if (lanes_[i].full() || !circuits_[i].allows_request(clock_.steady())) return 0;
+    if (circuits_[i].state(clock_.steady()) == circuit_state::probing) return 1;
+    return lanes_[i].limit - lanes_[i].busy;
+}
+
+// What the answer says of the destination's health (core/circuit_breaker.hpp).
+void relay_engine::judge_health(std::size_t i, const send_result& r) {
+    const auto now = clock_.steady();
+    auto& circuit = circuits_[i];
+    const auto before = circuit.state(now);
+    const bool closed = circuit.on_answer(health_of(r.transport_error, r.status), now);
+    const auto& name = cfg_.destinations[i].name;
+    if (closed) {
+        log::info("destination recovered; circuit closed, its waiting deliveries are due now",
+                  {{"destination", name}});
+        emit(release_deliveries_command{name});
+        return;
+    }
+    if (const auto at = circuit.probe_at(); at && (before == circuit_state::closed || *at > now)) {
+        if (before == circuit_state::closed) {
+            log::warn("destination failing; circuit open: its deliveries wait in the outbox until a probe succeeds",
+                      {{"destination", name},
+                       {"failures", str(static_cast<std::int64_t>(circuit.consecutive_failures()))},
+                       {"probe_in", format_duration(std::chrono::duration_cast<milliseconds>(*at - now))}});
+        }
+        arm_probe();
+    }
+}
+
+// The probe timer: at the earliest time an open circuit may probe.
+void relay_engine::arm_probe() {
+    if (dispatch_.stopping()) return;
+    const auto now = clock_.steady();
+    std::optional<steady_time> earliest;
+    for (const auto& c : circuits_) {
+        if (const auto at = c.probe_at(); at && *at > now && (!earliest || *at < *earliest)) earliest = at;
+    }
+    if (earliest) arm(relay_timer::circuit_probe, *earliest);
+}
+
+void relay_engine::hand_back(const owed_item& item, std::size_t i) {
+    const auto at = circuits_[i].probe_at().value_or(clock_.steady());
+    const auto delay = std::chrono::ceil<milliseconds>(std::max(at - clock_.steady(), steady_time::duration(0)));
+    pending_.deliveries.retries.push_back(
+        {item.ref, delay, fmt::format("not sent: destination {} is failing (circuit open)", cfg_.destinations[i].name)});
+    finished();
+}
+
 // A delivery that waited in its destination's lane gets a connection.
 void relay_engine::start_waiting(std::size_t i, owed_item item) {
     const auto& d = cfg_.destinations[i];
+    if (!circuits_[i].allows_request(clock_.steady())) {
+        hand_back(item, i);
+        ++lanes_[i].busy;  // the connection was not used: the next waiting delivery may take it
+        lane_freed(i);
+        return;
+    }
     if (clock_.steady() > item.lease_end - d.connect_timeout - d.request_timeout) {
         send_result r;
         r.transport_error = true;

@@ -36,10 +36,16 @@
 // event settled means its key's next event may be due: the next claim
 // starts from the beginning of the index.
 //
+// Destinations (core/circuit_breaker.hpp): a failing destination's circuit
+// opens; while open, events routed to it are handed to their own delivery
+// rows there without a request (no attempt counted), claims leave its
+// deliveries alone, and one real delivery probes it now and then; the first
+// success closes it and its waiting deliveries are released at once.
+//
 // Timers: the sweep (a claim now and then for what no wake-up announced,
 // and housekeeping), the next-due timer (retries and delayed events on
 // time, never further than the sweep), the claim and flush retry timers,
-// and the shutdown timeout. Each arm carries a generation; a timer that
+// the circuit probe, and the shutdown timeout. Each arm carries a generation; a timer that
 // fires after it was re-armed or cancelled is ignored.
 //
 // Shutdown: the first signal stops claiming and drops the ready queue
@@ -61,6 +67,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/circuit_breaker.hpp"
 #include "core/claim_sequence.hpp"
 #include "core/clock.hpp"
 #include "core/config.hpp"
@@ -76,8 +83,8 @@ namespace outboxd {
 
 using steady_time = std::chrono::steady_clock::time_point;
 
-enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown };
-inline constexpr std::size_t relay_timer_count = 5;
+enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe };
+inline constexpr std::size_t relay_timer_count = 6;
 
 // What a destination made of one request (the sink's report, I/O-free).
 struct send_result {
@@ -124,6 +131,11 @@ enum class housekeeping_job { idempotency_keys, key_holds, orphan_deliveries, de
 struct housekeeping_command {
     housekeeping_job job = housekeeping_job::key_holds;
 };
+// A destination's circuit closed: make its waiting deliveries due now (on
+// the outcome connection), then wake().
+struct release_deliveries_command {
+    std::string destination;
+};
 // Shutdown began: stop the wake-up sources (LISTEN).
 struct stop_listening_command {};
 // Close the sinks, write `last` (best effort), release every lease still
@@ -135,8 +147,8 @@ struct finish_command {
 struct exit_now_command {};
 
 using relay_command = std::variant<claim_command, send_command, write_outcomes_command, arm_timer_command,
-                                   cancel_timer_command, housekeeping_command, stop_listening_command,
-                                   finish_command, exit_now_command>;
+                                   cancel_timer_command, housekeeping_command, release_deliveries_command,
+                                   stop_listening_command, finish_command, exit_now_command>;
 
 class relay_engine {
 public:
@@ -171,6 +183,9 @@ public:
         return lanes_.at(destination).waiting.size();
     }
     [[nodiscard]] const outcome_batch& pending_outcomes() const noexcept { return pending_; }
+    [[nodiscard]] circuit_state circuit(std::size_t destination) const {
+        return circuits_.at(destination).state(clock_.steady());
+    }
     [[nodiscard]] bool stopping() const noexcept { return dispatch_.stopping(); }
 
 private:
@@ -242,6 +257,14 @@ private:
     void send(std::size_t destination, std::shared_ptr<const event> e, header_list headers, std::int64_t unix_now,
               steady_time lease_end, send_waiter waiter);
     void lane_freed(std::size_t destination);
+    // A request to it may start now: a free connection, and its circuit allows.
+    [[nodiscard]] bool can_send(std::size_t destination);
+    [[nodiscard]] std::size_t free_connections(std::size_t destination);
+    void judge_health(std::size_t destination, const send_result& r);
+    void arm_probe();
+    // A claimed delivery its destination's open circuit will not take: back
+    // to the outbox, due when the circuit probes.
+    void hand_back(const owed_item& item, std::size_t destination);
     void start_waiting(std::size_t destination, owed_item item);
     [[nodiscard]] destination_result judge(std::size_t destination, std::int32_t attempt, const send_result& r);
     void log_result(std::int64_t id, const destination_result& res, std::int32_t attempt,
@@ -298,6 +321,7 @@ private:
     std::size_t sending_ = 0;
     bool pumping_ = false;
     std::vector<lane> lanes_;  // one per destination, same index
+    std::vector<circuit_breaker> circuits_;  // one per destination, same index
     std::unordered_map<std::uint64_t, send_waiter> sends_;
     std::uint64_t next_send_id_ = 1;
 

@@ -669,3 +669,12 @@ SELECT coalesce(live.topic, dead.topic) AS topic,
 FROM live FULL JOIN dead ON dead.topic = live.topic
 LEFT JOIN errors ON errors.topic = live.topic
 ORDER BY 1;
+
+-- name: release_waiting_deliveries
+-- A destination recovered (its circuit closed): the deliveries waiting out a
+-- backoff there are due now, instead of each at its own retry time. Not
+-- leased ones only; attempts and keys are untouched, so per-key order holds.
+-- $1 = destination.
+UPDATE :"schema".deliveries
+SET available_at = now()
+WHERE destination = $1 AND lease_owner IS NULL AND available_at > now();

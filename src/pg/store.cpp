@@ -459,4 +459,12 @@ std::int64_t store::enqueue(const new_event& e) {
     });
 }
 
+std::size_t store::release_waiting_deliveries(const std::string& destination) {
+    return guarded([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return static_cast<std::size_t>(
+            tx.exec_params(queries_.sql("release_waiting_deliveries"), destination).affected_rows());
+    });
+}
+
 }  // namespace outboxd::pg

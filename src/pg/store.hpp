@@ -148,6 +148,10 @@ public:
     // ago, oldest first. Returns how many.
     std::size_t purge_dead_letters(std::chrono::milliseconds retention, std::size_t batch);
 
+    // Makes the deliveries waiting out a backoff at `destination` due now
+    // (its circuit closed). Returns how many.
+    std::size_t release_waiting_deliveries(const std::string& destination);
+
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
 
     // The event claim of queries.sql with its size and watermark filled in,

@@ -19,6 +19,7 @@ struct call {
     std::size_t size = 0;
     std::optional<claim_watermark> after;
     std::optional<std::string> low_mark;
+    std::vector<std::string> destinations = {};
 };
 
 class scripted_port final : public claim_port {
@@ -32,8 +33,8 @@ public:
         return r;
     }
     std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds,
-                                        std::span<const std::string>) override {
-        calls.push_back({"deliveries", size, {}, {}});
+                                        std::span<const std::string> destinations) override {
+        calls.push_back({"deliveries", size, {}, {}, {destinations.begin(), destinations.end()}});
         REQUIRE_FALSE(delivery_answers.empty());
         auto r = std::move(delivery_answers.front());
         delivery_answers.pop_front();
@@ -67,7 +68,7 @@ claim_request request(std::size_t wanted) {
     claim_request r;
     r.wanted = wanted;
     r.lease = 30s;
-    r.open_destinations = {"a"};
+    r.open_destinations = {{"a", 64}};
     r.deliveries_due = false;
     return r;
 }
@@ -169,4 +170,25 @@ TEST_CASE("claim sequence: a claim that picked rows it could not lease still cou
     const auto out = run_claim(db, request(2));
     CHECK(out.full);
     CHECK(out.drain_watermark);
+}
+
+TEST_CASE("claim sequence: no more deliveries for a destination than it has free connections") {
+    scripted_port db;
+    db.delivery_answers = {events(100, 8), events(200, 1), events(300, 0)};
+    db.event_answers = {picked(1, 0)};
+    auto r = request(16);
+    r.deliveries_due = true;
+    r.open_destinations = {{"slow", 1}, {"fast", 32}, {"probing", 1}};
+    const auto out = run_claim(db, r);
+    REQUIRE(db.calls.size() == 4);
+    CHECK(db.calls[0].destinations == std::vector<std::string>{"fast"});
+    CHECK(db.calls[0].size == 16);
+    CHECK(db.calls[1].destinations == std::vector<std::string>{"slow"});
+    CHECK(db.calls[1].size == 1);
+    CHECK(db.calls[2].destinations == std::vector<std::string>{"probing"});
+    CHECK(db.calls[2].size == 1);
+    CHECK(db.calls[3].what == "events");
+    CHECK(db.calls[3].size == 4);  // 16 - 9 = 7 left: the prepared size 4
+    CHECK(out.events.size() == 9);
+    CHECK(out.full);  // "slow" came back full: more may be due there
 }

@@ -151,7 +151,9 @@ TEST_CASE("relay engine: a wake claims the free slots, claimed events are sent, 
     harness h(one_destination(4));
     const auto claim = h.start();
     CHECK(claim.request.wanted == 4);
-    CHECK(claim.request.open_destinations == std::vector<std::string>{"a"});
+    REQUIRE(claim.request.open_destinations.size() == 1);
+    CHECK(claim.request.open_destinations[0].name == "a");
+    CHECK(claim.request.open_destinations[0].free == 32);
     CHECK(h.armed(relay_timer::sweep));
 
     h.claim_returns({make_event(1), make_event(2)});
@@ -247,7 +249,8 @@ TEST_CASE("relay engine: a destination with no free connection is deferred; the 
     h.engine.wake();
     h.step();
     const auto claim = h.one<claim_command>();
-    CHECK(claim.request.open_destinations == std::vector<std::string>{"fast"});
+    REQUIRE(claim.request.open_destinations.size() == 1);
+    CHECK(claim.request.open_destinations[0].name == "fast");
     h.claim_returns({make_event(2, "k")});
     const auto second = h.all<send_command>();
     REQUIRE(second.size() == 1);
@@ -551,4 +554,84 @@ TEST_CASE("relay engine: events no destination can take are settled without a re
     REQUIRE(all.retries.size() == 1);  // unroutable, no key: stays, on the default schedule
     CHECK(all.retries[0].ref.id == 3);
     CHECK(h.engine.sending() == 0);
+}
+
+TEST_CASE("relay engine: a failing destination's circuit opens; its events are deferred without an attempt, the "
+          "other destination goes on, one probe, and success releases its waiting deliveries") {
+    auto cfg = one_destination(4);
+    cfg.destinations = {destination("down"), destination("up")};
+    cfg.destinations[0].circuit = {2, 500ms, 5s};
+    cfg.routes = {{{">"}, {"down", "up"}}};
+    harness h(cfg);
+    h.start();
+    h.claim_returns({make_event(1), make_event(2)});
+    auto sends = h.all<send_command>();
+    REQUIRE(sends.size() == 4);
+    for (const auto& s : sends) h.answer(s, s.destination == 0 ? server_error() : ok());
+    CHECK(h.engine.circuit(0) == circuit_state::open);
+    CHECK(h.engine.circuit(1) == circuit_state::closed);
+    // While open: a claim leaves its deliveries alone, and new events go to "up" only.
+    h.engine.wake();
+    h.step();
+    const auto claim = h.one<claim_command>();
+    REQUIRE(claim.request.open_destinations.size() == 1);
+    CHECK(claim.request.open_destinations[0].name == "up");
+    h.claim_returns({make_event(3)});
+    sends = h.all<send_command>();
+    REQUIRE(sends.size() == 1);
+    CHECK(sends[0].destination == 1);
+    h.answer(sends[0], ok());
+    while (h.has<write_outcomes_command>()) {
+        const auto w = h.one<write_outcomes_command>();
+        for (const auto& f : w.batch->fan_outs) {
+            if (f.ref.id != 3) continue;
+            REQUIRE(f.owed.size() == 1);
+            CHECK(f.owed[0].destination == "down");
+            CHECK(f.owed[0].attempts == 0);  // not attempted: no attempt counted
+            CHECK(f.owed[0].due_in == 0ms);
+        }
+        h.engine.outcomes_written(0);
+        h.step();
+    }
+    // The probe time: a claim may take one delivery for "down".
+    h.clock.advance(500ms);
+    CHECK(h.engine.circuit(0) == circuit_state::probing);
+    h.engine.wake();
+    h.step();
+    const auto probe_claim = h.one<claim_command>();
+    bool down_open = false;
+    for (const auto& d : probe_claim.request.open_destinations) {
+        if (d.name == "down") {
+            down_open = true;
+            CHECK(d.free == 1);
+        }
+    }
+    CHECK(down_open);
+    auto owed = make_event(3);
+    owed.destination = "down";
+    h.claim_returns({owed});
+    const auto probe = h.one<send_command>();
+    CHECK(probe.destination == 0);
+    h.answer(probe, ok());
+    CHECK(h.engine.circuit(0) == circuit_state::closed);
+    const auto release = h.one<release_deliveries_command>();
+    CHECK(release.destination == "down");
+}
+
+TEST_CASE("relay engine: the probe timer wakes the relay at the probe time") {
+    auto cfg = one_destination(1);
+    cfg.destinations[0].circuit = {1, 500ms, 5s};
+    harness h(cfg);
+    h.start();
+    h.claim_returns({make_event(1)});
+    h.answer(h.one<send_command>(), server_error());
+    const auto probe = h.armed(relay_timer::circuit_probe);
+    REQUIRE(probe);
+    CHECK(probe->at == h.clock.now + 500ms);
+    h.engine.outcomes_written(0);
+    h.step();
+    h.clock.advance(500ms);
+    h.engine.timer_fired(relay_timer::circuit_probe, probe->generation);
+    h.step();
+    CHECK(h.has<claim_command>());
 }
