@@ -134,6 +134,44 @@ TEST_CASE("delivery outcomes are fenced on owner and attempt") {
     CHECK(db.query("SELECT destination FROM {s}.dead_letters") == "audit");
 }
 
+TEST_CASE("each delivery outcome is fenced by the attempt alone and by the owner alone") {
+    installed db;
+    auto a = db.store("a");
+    auto b = db.store("b");
+    const auto id = a.enqueue(ev());
+    REQUIRE(claim_all(a, 10).size() == 1);
+    REQUIRE(a.fan_out({id, 1}, std::vector{owe("audit")}, {}));
+    // Relay a claims the delivery (attempt 2) with a lease that expires at
+    // once, then claims it again (attempt 3): its own expired lease.
+    REQUIRE(a.claim_deliveries(10, 1ms, destinations).size() == 1);
+    std::vector<event> again;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (again.empty() && std::chrono::steady_clock::now() < deadline)
+        again = a.claim_deliveries(10, 30s, destinations);
+    REQUIRE(again.size() == 1);
+    REQUIRE(again[0].attempt == 3);
+    const auto state = [&] {
+        return db.query("SELECT lease_owner || ':' || attempts || ':' || (available_at > now() + interval '20 seconds') "
+                        "FROM {s}.deliveries");
+    };
+    REQUIRE(state() == "a:3:true");
+
+    const pg::delivery_ref stale{id, "audit", 2};   // same owner, the expired attempt
+    const pg::delivery_ref current{id, "audit", 3}; // the live attempt, named by another relay
+    CHECK(a.finish_deliveries({{stale}, {}, {}}) == 1);
+    CHECK(a.finish_deliveries({{}, {{stale, 1h, "late"}}, {}}) == 1);
+    CHECK(a.finish_deliveries({{}, {}, {{stale, "late", 410, ""}}}) == 1);
+    CHECK(b.finish_deliveries({{current}, {}, {}}) == 1);
+    CHECK(b.finish_deliveries({{}, {{current, 1h, "not mine"}}, {}}) == 1);
+    CHECK(b.finish_deliveries({{}, {}, {{current, "not mine", 410, ""}}}) == 1);
+    CHECK(state() == "a:3:true");
+    CHECK(db.query("SELECT count(*) FROM {s}.dead_letters") == "0");
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "1");
+
+    CHECK(a.finish_deliveries({{current}, {}, {}}) == 0);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+}
+
 TEST_CASE("a failing destination blocks its key there only; the other destination goes on in order") {
     installed db;
     auto s = db.store("a");
