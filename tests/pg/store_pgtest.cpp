@@ -235,46 +235,56 @@ TEST_CASE("an expired lease is claimable again, and the old holder is fenced out
 // The fence has two halves, and each must hold alone: the tests above change
 // owner and attempt together, so they would pass with either half removed.
 TEST_CASE("a relay that re-claims its own expired lease is fenced out by the attempt alone") {
+    // Three events, one per outcome, so that each outcome's fence shows alone.
     installed db;
     auto a = db.store("relay-a");
-    const auto id = a.enqueue(ev("t"));
-    const auto first = a.claim(1, 1ms).events;
-    REQUIRE(first.size() == 1);
-    REQUIRE(first[0].attempt == 1);
-    // The same owner claims it again once the 1 ms lease has expired.
-    std::vector<event> second;
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < 3; ++i) ids.push_back(a.enqueue(ev("t")));
+    REQUIRE(a.claim(4, 1ms).events.size() == 3);
+    // The same owner claims them again once the 1 ms leases have expired.
+    std::vector<event> again;
     const auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (second.empty() && std::chrono::steady_clock::now() < deadline) second = a.claim(1, 30s).events;
-    REQUIRE(second.size() == 1);
-    REQUIRE(second[0].attempt == 2);
-    CHECK(db.query("SELECT lease_owner || ':' || attempts FROM {s}.events") == "relay-a:2");
+    while (again.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+        for (auto& e : a.claim(4, 30s).events) again.push_back(std::move(e));
+    }
+    REQUIRE(again.size() == 3);
+    for (const auto& e : again) CHECK(e.attempt == 2);
+    const auto state = [&] {
+        return db.query("SELECT string_agg(lease_owner || ':' || attempts || ':' || "
+                        "(available_at > now() + interval '20 seconds'), ',' ORDER BY id) FROM {s}.events");
+    };
+    REQUIRE(state() == "relay-a:2:true,relay-a:2:true,relay-a:2:true");
 
-    // The first attempt's outcome arrives late: same owner, old attempt.
-    const pg::lease_ref stale{id, 1};
-    CHECK(a.complete(std::vector{stale}).empty());
-    CHECK_FALSE(a.reschedule(stale, 1h, "late"));
-    CHECK_FALSE(a.bury(stale, "late", 500, ""));
+    // The first attempts' outcomes arrive late: same owner, old attempt.
+    CHECK(a.complete(std::vector{pg::lease_ref{ids[0], 1}}).empty());
+    CHECK_FALSE(a.reschedule({ids[1], 1}, 1h, "late"));
+    CHECK_FALSE(a.bury({ids[2], 1}, "late", 500, ""));
+    CHECK(state() == "relay-a:2:true,relay-a:2:true,relay-a:2:true");
     CHECK(db.query("SELECT count(*) FROM {s}.dead_letters") == "0");
-    CHECK(db.query("SELECT lease_owner || ':' || attempts || ':' || (available_at > now() + interval '20 seconds') "
-                   "FROM {s}.events") == "relay-a:2:true");
 
-    CHECK(a.complete(std::vector{pg::lease_ref{id, 2}}) == std::vector<std::int64_t>{id});
+    std::vector<pg::lease_ref> current;
+    for (const auto id : ids) current.push_back({id, 2});
+    CHECK(a.complete(current).size() == 3);
 }
 
 TEST_CASE("another relay naming the current attempt is fenced out by the owner alone") {
     installed db;
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
-    const auto id = a.enqueue(ev("t"));
-    REQUIRE(a.claim(1, 30s).events.size() == 1);
-    const pg::lease_ref current{id, 1};  // the right attempt, held by relay-a
-    CHECK(b.complete(std::vector{current}).empty());
-    CHECK_FALSE(b.reschedule(current, 1h, "not mine"));
-    CHECK_FALSE(b.bury(current, "not mine", 500, ""));
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < 3; ++i) ids.push_back(a.enqueue(ev("t")));
+    REQUIRE(a.claim(4, 30s).events.size() == 3);
+    const auto state = [&] {
+        return db.query("SELECT string_agg(lease_owner || ':' || attempts || ':' || "
+                        "(available_at > now() + interval '20 seconds'), ',' ORDER BY id) FROM {s}.events");
+    };
+    // The right attempt, but relay-a holds it.
+    CHECK(b.complete(std::vector{pg::lease_ref{ids[0], 1}}).empty());
+    CHECK_FALSE(b.reschedule({ids[1], 1}, 1h, "not mine"));
+    CHECK_FALSE(b.bury({ids[2], 1}, "not mine", 500, ""));
+    CHECK(state() == "relay-a:1:true,relay-a:1:true,relay-a:1:true");
     CHECK(db.query("SELECT count(*) FROM {s}.dead_letters") == "0");
-    CHECK(db.query("SELECT lease_owner || ':' || attempts || ':' || (available_at > now() + interval '20 seconds') "
-                   "FROM {s}.events") == "relay-a:1:true");
-    CHECK(a.reschedule(current, 1h, "mine"));
+    CHECK(a.reschedule({ids[1], 1}, 1h, "mine"));
 }
 
 TEST_CASE("reschedule: not claimable before its time; next_due says when") {
