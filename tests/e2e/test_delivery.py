@@ -257,8 +257,10 @@ def test_a_backlog_is_claimed_ahead_of_the_connections_when_the_destination_keep
 
 def test_a_slow_destination_is_not_claimed_ahead_past_what_the_lease_allows(db, relay):
     # 10 requests a second over 2 connections, and a lease that leaves
-    # 500 ms to wait before an attempt must start (2 s - 500 ms connect -
-    # 1 s request). Had the relay claimed ahead as for a fast destination,
+    # 500 ms to wait before an attempt must start (4 s - 500 ms connect -
+    # 3 s request; the request timeout is 15 times what the receiver takes,
+    # so a busy machine does not turn a slow answer into a retry). Had the
+    # relay claimed ahead as for a fast destination,
     # events would wait seconds in the relay, outlive their leases and be
     # claimed (and attempted) twice. Each must go out once, at attempt 1.
     def slow(req):
@@ -267,8 +269,8 @@ def test_a_slow_destination_is_not_claimed_ahead_past_what_the_lease_allows(db, 
 
     with Receiver(slow) as rx:
         ids = [db.enqueue("slow", {"n": n}) for n in range(40)]
-        r = relay(rx, "--concurrency", "2", "--lease", "2s", "--connect-timeout", "500ms",
-                  "--request-timeout", "1s", "--sweep-interval", "1h")
+        r = relay(rx, "--concurrency", "2", "--lease", "4s", "--connect-timeout", "500ms",
+                  "--request-timeout", "3s", "--sweep-interval", "1h")
         assert wait_delivered(rx, ids, timeout=30)
         assert db.wait_empty(timeout=10), db.events()
         got = rx.snapshot()
