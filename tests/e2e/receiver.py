@@ -49,6 +49,7 @@ class Received:
     method: str = "POST"
     path: str = ""
     header_list: list = field(default_factory=list)  # [(lower-case name, value)] incl. repeats
+    t_wall: float = 0.0              # time.time() when the request line arrived (to compare with the database)
 
     def json(self):
         import json
@@ -83,6 +84,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _handle(self):
         t = time.monotonic()
+        wall = time.time()
         receiver: Receiver = self.server.receiver  # type: ignore[attr-defined]
         length = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -98,6 +100,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             method=self.command,
             path=self.path,
             header_list=header_list,
+            t_wall=wall,
         )
         # Recorded on arrival, before the responder runs and long before the
         # relay can read an answer: whatever the relay counts as sent is in
