@@ -1,8 +1,11 @@
 """A real HTTP/1.1 webhook receiver for the end-to-end tests.
 
 It listens on 127.0.0.1 with an ephemeral port, keeps connections alive the
-way outboxd's pool expects, records every request (in arrival order) and
-answers what a test-supplied ``responder`` says.
+way outboxd's pool expects, records every request the moment it has been
+read (in arrival order, ``status`` 0), then answers what a test-supplied
+``responder`` says, setting ``status`` before the answer is written. So a
+request the relay has had an answer to is always recorded with that answer,
+and a request still held by a responder is already visible (status 0).
 
 Usage::
 
@@ -42,10 +45,11 @@ class Received:
     headers: dict                    # lower-case header names -> value (last one wins)
     body: bytes
     t_monotonic: float               # time.monotonic() when the request line arrived
-    status: int = 0                  # what the receiver answered
+    status: int = 0                  # what the receiver answers (0 while the responder runs)
     method: str = "POST"
     path: str = ""
     header_list: list = field(default_factory=list)  # [(lower-case name, value)] incl. repeats
+    t_wall: float = 0.0              # time.time() when the request line arrived (to compare with the database)
 
     def json(self):
         import json
@@ -80,6 +84,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _handle(self):
         t = time.monotonic()
+        wall = time.time()
         receiver: Receiver = self.server.receiver  # type: ignore[attr-defined]
         length = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -95,13 +100,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             method=self.command,
             path=self.path,
             header_list=header_list,
+            t_wall=wall,
         )
+        # Recorded on arrival, before the responder runs and long before the
+        # relay can read an answer: whatever the relay counts as sent is in
+        # ``requests`` already (status 0 until the answer is decided).
+        receiver._record(req)
         try:
             status, headers, out = receiver.responder(req)
         except Exception as e:  # a broken responder must not hang the client
             status, headers, out = 599, {}, f"responder raised {e!r}".encode()
         out = out or b""
-        req.status = status
+        # The status is set before a byte of the answer is written, so a
+        # relay never holds a 2xx the receiver has not counted as 2xx.
+        receiver._answered(req, status)
         self.send_response(status)
         lower = {k.lower() for k in headers}
         for k, v in headers.items():
@@ -112,7 +124,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if out and self.command != "HEAD":
             self.wfile.write(out)
         self.wfile.flush()
-        receiver._record(req)
 
     def _read_chunked(self) -> bytes:
         parts = []
@@ -224,15 +235,21 @@ class Receiver:
         with self._cond:
             self.requests.append(req)
             self._cond.notify_all()
+
+    def _answered(self, req: Received, status: int) -> None:
+        with self._cond:
+            req.status = status
+            self._cond.notify_all()
         cb = self.on_request
         if cb is not None:
             cb(req)
 
     def wait_for(self, count: int, timeout: float) -> bool:
-        """Block until at least ``count`` requests arrived or ``timeout`` s passed."""
+        """Block until at least ``count`` requests were answered (``status``
+        set) or ``timeout`` s passed. ``wait_until`` sees requests on arrival."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while len(self.requests) < count:
+            while sum(1 for r in self.requests if r.status) < count:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

@@ -72,3 +72,65 @@ def test_dead_purge_dry_run_counts_and_deletes_nothing(outboxd, db):
     r = _dead(outboxd, db, "purge", "--older-than", "0s", "--topic", "a")
     assert r.rc == EXIT_OK and r.stdout.strip() == "1", r
     assert db.count_dead_letters() == 1
+
+
+def _bury_aged(db, event_id: int, topic: str, died: str) -> None:
+    db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, last_error, died_at) "
+             "VALUES (%s, %s, '{{}}', '{{}}', now() - interval '4 days', 3, 'HTTP 500', now() - %s::interval) "
+             "RETURNING id", (event_id, topic, died))
+
+
+def test_dead_filters_select_by_topic_age_and_limit_and_purge_keeps_younger_letters(outboxd, db):
+    """Every filter of `dead list/replay/purge` narrows what is touched:
+    --topic, --older-than (by when the letter died), --limit, --all; a
+    purge removes only letters older than asked and keeps the younger."""
+    _bury_aged(db, 1, "a", "3 days")
+    _bury_aged(db, 2, "a", "1 hour")
+    _bury_aged(db, 3, "b", "3 days")
+    _bury_aged(db, 4, "b", "1 second")
+    _bury_aged(db, 5, "c", "3 days")
+
+    def listed(*args):
+        r = _dead(outboxd, db, "list", "--json", *args)
+        assert r.rc == EXIT_OK, r
+        return [json.loads(line)["id"] for line in r.stdout.splitlines()]
+
+    assert listed() == [1, 2, 3, 4, 5]
+    assert listed("--limit", "2") == [1, 2]
+    assert listed("--older-than", "48h") == [1, 3, 5]
+    assert listed("--older-than", "30m") == [1, 2, 3, 5]
+    assert listed("--topic", "a", "--older-than", "48h") == [1]
+
+    # replay: both filters at once; nothing else comes back.
+    r = _dead(outboxd, db, "replay", "--topic", "b", "--older-than", "48h")
+    assert r.rc == EXIT_OK, r
+    assert r.stdout.split() == ["3"], r
+    assert [e["id"] for e in db.events()] == [3]
+    assert listed() == [1, 2, 4, 5]
+
+    # purge: a dry run counts, the real one deletes the old letters only.
+    r = _dead(outboxd, db, "purge", "--older-than", "48h", "--dry-run")
+    assert r.rc == EXIT_OK and r.stdout.strip() == "2", r
+    assert listed() == [1, 2, 4, 5]
+    r = _dead(outboxd, db, "purge", "--older-than", "48h")
+    assert r.rc == EXIT_OK and r.stdout.strip() == "2", r
+    assert listed() == [2, 4], "a purge took younger letters than --older-than"
+
+    # replay without a filter is refused; --all takes what is left.
+    r = _dead(outboxd, db, "replay")
+    assert r.rc == 2 and "--all" in r.stderr, r
+    assert listed() == [2, 4]
+    r = _dead(outboxd, db, "replay", "--all")
+    assert r.rc == EXIT_OK and r.stdout.split() == ["2", "4"], r
+    assert listed() == []
+    assert [e["id"] for e in db.events()] == [2, 3, 4]
+
+
+def test_dead_list_prints_one_readable_entry_per_letter(outboxd, db):
+    _bury_aged(db, 7, "orders.created", "1 hour")
+    r = _dead(outboxd, db, "list")
+    assert r.rc == EXIT_OK, r
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout
+    assert lines[0].startswith(f"7  {db.message_id(7)}  orders.created  destination=(all)  key=-  attempts=3"), lines
+    assert lines[1].strip() == "HTTP 500", lines

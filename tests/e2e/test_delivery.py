@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 
 from helpers import duplicates, wait_delivered, wait_until
@@ -257,8 +258,10 @@ def test_a_backlog_is_claimed_ahead_of_the_connections_when_the_destination_keep
 
 def test_a_slow_destination_is_not_claimed_ahead_past_what_the_lease_allows(db, relay):
     # 10 requests a second over 2 connections, and a lease that leaves
-    # 500 ms to wait before an attempt must start (2 s - 500 ms connect -
-    # 1 s request). Had the relay claimed ahead as for a fast destination,
+    # 500 ms to wait before an attempt must start (4 s - 500 ms connect -
+    # 3 s request; the request timeout is 15 times what the receiver takes,
+    # so a busy machine does not turn a slow answer into a retry). Had the
+    # relay claimed ahead as for a fast destination,
     # events would wait seconds in the relay, outlive their leases and be
     # claimed (and attempted) twice. Each must go out once, at attempt 1.
     def slow(req):
@@ -267,14 +270,60 @@ def test_a_slow_destination_is_not_claimed_ahead_past_what_the_lease_allows(db, 
 
     with Receiver(slow) as rx:
         ids = [db.enqueue("slow", {"n": n}) for n in range(40)]
-        r = relay(rx, "--concurrency", "2", "--lease", "2s", "--connect-timeout", "500ms",
-                  "--request-timeout", "1s", "--sweep-interval", "1h")
+        r = relay(rx, "--concurrency", "2", "--lease", "4s", "--connect-timeout", "500ms",
+                  "--request-timeout", "3s", "--sweep-interval", "1h")
         assert wait_delivered(rx, ids, timeout=30)
         assert db.wait_empty(timeout=10), db.events()
         got = rx.snapshot()
     assert not duplicates([x.event_id for x in got]), sorted(x.event_id for x in got)
     assert {x.headers.get("outbox-attempt") for x in got} == {"1"}
     assert "waited too long" not in r.log()
+
+
+def test_a_claimed_event_that_waited_too_long_for_a_slot_is_not_sent_and_is_retaken_after_its_lease(db, relay):
+    """A fast backlog makes the relay claim ahead; then the destination hangs
+    two requests to their 3 s timeout. The events claimed ahead wait behind
+    them longer than the lease allows (4 s lease - 500 ms connect - 3 s
+    request leaves 500 ms): sending one now could outlast its lease and race
+    its next claim. So none is sent at that attempt; each is left for its
+    lease to expire and goes out once, at its next attempt."""
+    release = threading.Event()
+    lock = threading.Lock()
+    seen = {"n": 0}
+    fast_first = 300
+
+    def responder(req):
+        with lock:
+            seen["n"] += 1
+            n = seen["n"]
+        if fast_first < n <= fast_first + 2:
+            release.wait(4)  # creates the situation: hangs past the relay's 3 s request timeout
+        return 200, {}, b"ok"
+
+    with Receiver(responder) as rx:
+        with db.conn.cursor() as cur:
+            cur.execute(f'INSERT INTO "{db.schema}".events (topic, payload) '
+                        "SELECT 'backlog', jsonb_build_object('n', g) FROM generate_series(1, 600) AS g")
+        db.conn.commit()
+        ids = [row["id"] for row in db.query("SELECT id FROM {s}.events ORDER BY id")]
+        try:
+            r = relay(rx, "--concurrency", "2", "--lease", "4s", "--connect-timeout", "500ms",
+                      "--request-timeout", "3s", "--retry-base", "100ms", "--sweep-interval", "1h")
+            assert wait_until(lambda: "waited too long" in r.log(), 15), \
+                f"no claimed event waited too long ({seen['n']} requests)\n{r.log()[-3000:]}"
+        finally:
+            release.set()
+        assert wait_delivered(rx, ids, timeout=30), f"missing {len(set(ids) - set(rx.delivered_ids()))}"
+        assert db.wait_empty(timeout=10), db.count_events()
+        got = rx.snapshot()
+    waited = {int(i) for i in re.findall(r"waited too long[^\n]*event_id=(\d+)", r.log())}
+    assert waited, r.log()[-3000:]
+    attempts = {i: [q.headers["outbox-attempt"] for q in got if q.event_id == i] for i in waited}
+    wrong = {i: a for i, a in attempts.items() if a != ["2"]}
+    assert not wrong, f"events that waited too long were sent at the attempt they waited in: {wrong}"
+    hung = {q.event_id for q in got if q.headers["outbox-attempt"] == "1"} & set(duplicates(q.event_id for q in got))
+    assert set(duplicates(q.event_id for q in got)) == hung and len(hung) <= 2, duplicates(q.event_id for q in got)
+    print(f"{len(waited)} claimed events waited too long and went out once at attempt 2")
 
 
 def test_many_events_committed_late_during_a_drain_all_go_out_when_it_ends(db, relay):

@@ -15,9 +15,9 @@ PostgreSQL and a real receiver, with real processes killed, paused and raced:
 
 Every receiver here answers from a ``Ledger`` that records each request *when
 it arrives* (before the answer goes out), in one serialised sequence, with the
-status the receiver chose. Order and duplicate checks read the ledger, not the
-receiver's own list (which is appended after the response is written, so two
-requests answered at nearly the same time may land in either order).
+status the receiver chose. (The receiver's own list is now appended on
+arrival too; the ledger adds the attempt and wall-clock times these tests
+compare with the database's.)
 """
 
 from __future__ import annotations
@@ -274,7 +274,9 @@ def test_kill_9_mid_batch_loses_nothing_and_duplicates_only_what_was_in_flight(d
         ledger.answer(a, 200)   # blocks while the test holds the ledger lock (the kill)
         return 200, {}, b"ok"
 
-    flags = ("--concurrency", "8", "--lease", "2s", "--request-timeout", "1s",
+    # The request timeout is 15 times what the receiver takes: a retry after
+    # a timeout would be a duplicate the kill did not cause.
+    flags = ("--concurrency", "8", "--lease", "4s", "--request-timeout", "3s",
              "--connect-timeout", "500ms", "--sweep-interval", "1h", "--retry-base", "100ms")
     with Receiver(slow) as rx:
         a = relay(rx, *flags)
@@ -585,7 +587,7 @@ def test_dead_list_replay_with_the_same_id_and_purge(db, relay, outboxd, databas
         assert [(x.attempt, x.status) for x in replayed] == [(1, 200)], replayed
         def poison_ok(reqs):
             return [q for q in reqs if q.status == 200 and q.headers.get("outbox-topic") == "poison"]
-        assert rx.wait_until(poison_ok, 5)   # the receiver records after its answer is written
+        assert rx.wait_until(poison_ok, 5)
         ok = poison_ok(rx.snapshot())
         assert len(ok) == 1 and ok[0].headers.get("webhook-id") == db.message_id(poison), ok
         assert ok[0].headers.get("outbox-ordering-key") == "pk" and ok[0].json() == {"p": 1}, ok[0]
@@ -601,25 +603,86 @@ def test_dead_list_replay_with_the_same_id_and_purge(db, relay, outboxd, databas
 
 
 # --------------------------------------------------------------------------
-# 6. status --json reflects a backlog
+# 6. status shows what a running relay is doing, in every state at once
 # --------------------------------------------------------------------------
-def test_status_json_shows_the_pending_backlog_per_topic(db, outboxd, database_url):
-    for i in range(5):
-        db.enqueue("a", {"i": i})
-    for i in range(2):
-        db.enqueue("b", {"i": i}, key="kb")
-    r = outboxd("--database-url", database_url, "--schema", db.schema, "status", "--json")
-    assert r.rc == EXIT_OK, r
-    text = r.stdout.strip()
-    rows = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
-    by_topic = {row["topic"]: row for row in rows}
-    assert by_topic.keys() == {"a", "b"}, text
-    assert by_topic["a"]["pending"] == 5 and by_topic["a"]["waiting_on_key"] == 0, text
-    # b's second event waits behind its first (one key).
-    assert by_topic["b"]["pending"] == 1 and by_topic["b"]["waiting_on_key"] == 1, text
-    for row in by_topic.values():
-        assert row["in_flight"] == 0 and row["retrying"] == 0 and row["dead"] == 0, row
-        assert row["oldest_pending_seconds"] >= 0, row
+def test_status_shows_pending_waiting_in_flight_retrying_and_dead_per_topic(db, relay, outboxd, database_url):
+    """Real states made by a real relay (not rows written by hand): a request
+    the receiver holds (in flight), a 500 waiting an hour for its retry, a
+    410 (dead); then, the relay frozen, a backlog it cannot take (pending,
+    and one event waiting behind its key). Every count of every topic is
+    checked, in the JSON and in the human table."""
+    hold = threading.Event()
+    held = threading.Event()
+
+    def responder(req):
+        topic = req.headers.get("outbox-topic")
+        if topic == "fly":
+            held.set()
+            hold.wait(30)
+            return 200, {}, b"ok"
+        if topic == "retry":
+            return 500, {}, b"broken"
+        if topic == "gone":
+            return 410, {}, b"gone"
+        return 200, {}, b"ok"
+
+    with Receiver(responder) as rx:
+        r = relay(rx, "--sweep-interval", "1h", "--retry-base", "1h", "--retry-cap", "1h", "--lease", "60s",
+                  "--request-timeout", "50s")
+        try:
+            fly = db.enqueue("fly", {})
+            retry = db.enqueue("retry", {})
+            gone = db.enqueue("gone", {})
+            assert held.wait(10), "the held delivery never arrived"
+            assert wait_until(lambda: db.count_dead_letters() == 1, 10), db.events()
+
+            def retrying():
+                row = db.retry_state(retry)
+                return row and row["attempts"] == 1 and row["lease_owner"] is None and row["last_error"]
+            assert wait_until(retrying, 10), db.retry_state(retry)
+            os.kill(r.pid, signal.SIGSTOP)
+            assert wait_until(lambda: is_stopped(r.pid), 5), "relay did not stop"
+            for i in range(5):
+                db.enqueue("a", {"i": i})
+            for i in range(2):
+                db.enqueue("b", {"i": i}, key="kb")
+
+            cli = ("--database-url", database_url, "--schema", db.schema, "status")
+            res = outboxd(*cli, "--json")
+            assert res.rc == EXIT_OK, res
+            rows = {row["topic"]: row for row in map(json.loads, res.stdout.splitlines())}
+            names = ("pending", "waiting_on_key", "scheduled", "in_flight", "retrying", "dead")
+            counts = {t: tuple(row[n] for n in names) for t, row in rows.items()}
+            assert counts == {
+                "a": (5, 0, 0, 0, 0, 0),
+                "b": (1, 1, 0, 0, 0, 0),   # b's second event waits behind its first (one key)
+                "fly": (0, 0, 0, 1, 0, 0),
+                "retry": (0, 0, 0, 0, 1, 0),
+                "gone": (0, 0, 0, 0, 0, 1),
+            }, res.stdout
+            assert "500" in rows["retry"]["last_error"], rows["retry"]
+            assert rows["a"]["oldest_pending_seconds"] >= 0 and rows["fly"]["oldest_pending_seconds"] == 0, rows
+
+            # The human table: a header, then one row per topic with the same counts.
+            human = outboxd(*cli)
+            assert human.rc == EXIT_OK, human
+            lines = human.stdout.splitlines()
+            assert lines[0].split() == ["topic", *names, "oldest_pending"], lines[0]
+            table = {}
+            for line in lines[1:]:
+                if line.startswith("    last error: "):
+                    table[last]["last_error"] = line[len("    last error: "):]
+                    continue
+                cols = line.split()
+                last = cols[0]
+                table[last] = {"counts": tuple(int(c) for c in cols[1:7]), "oldest": cols[7]}
+            assert {t: v["counts"] for t, v in table.items()} == counts, human.stdout
+            assert all(re.fullmatch(r"\d+\.\ds", v["oldest"]) for v in table.values()), human.stdout
+            assert table["retry"]["last_error"] == rows["retry"]["last_error"], human.stdout
+            assert gone not in rx.ids(status=200) and fly in rx.ids()
+        finally:
+            os.kill(r.pid, signal.SIGCONT)
+            hold.set()
 
 
 # --------------------------------------------------------------------------
@@ -670,11 +733,13 @@ def test_delayed_events_due_within_milliseconds_of_each_other_all_fire_on_time(d
         ledger.answer(x, 200)
         return 200, {}, b"ok"
 
-    groups, per_group = 4, 12
+    groups, per_group = 3, 12
     with Receiver(responder) as rx:
         relay(rx, "--sweep-interval", "1h")
-        # group g falls due 1 + g seconds from now, its events 250 µs apart
-        due_expr = ("now() + interval '1 second' + g * interval '1 second' "
+        # group g falls due 1 + 2g seconds from now, its events 250 µs apart:
+        # an event the relay missed goes out with the next group, 2 s late,
+        # or never, so "late" can be a whole second (a busy machine's margin).
+        due_expr = ("now() + interval '1 second' + g * interval '2 seconds' "
                     "+ j * interval '250 microseconds'")
         rows = db.query(
             "SELECT {s}.enqueue('burst', jsonb_build_object('g', g, 'j', j), NULL, NULL, "
@@ -683,7 +748,7 @@ def test_delayed_events_due_within_milliseconds_of_each_other_all_fire_on_time(d
             "FROM generate_series(0, %s) AS g, generate_series(0, %s) AS j",
             (groups - 1, per_group - 1))
         due = {r["id"]: r["due"] for r in rows}
-        delivered = ledger.wait_accepted(due, timeout=groups + 6)
+        delivered = ledger.wait_accepted(due, timeout=2 * groups + 6)
         arrivals = {a.event_id: a for a in ledger.snapshot()}
     lateness = {i: arrivals[i].wall - d for i, d in due.items() if i in arrivals}
     worst = sorted(lateness.items(), key=lambda kv: kv[1])[-5:]
@@ -692,5 +757,5 @@ def test_delayed_events_due_within_milliseconds_of_each_other_all_fire_on_time(d
         f"never delivered (due up to {time.time() - max(due.values()):.1f}s ago): {ledger.missing(due)}"
     early = {i: round(s, 3) for i, s in lateness.items() if s < -0.005}
     assert not early, f"delivered before due: {early}"
-    late = {i: round(s, 3) for i, s in lateness.items() if s > 0.5}
-    assert not late, f"delivered more than 0.5 s after due (seconds late): {late}"
+    late = {i: round(s, 3) for i, s in lateness.items() if s > 1.0}
+    assert not late, f"delivered more than 1 s after due (seconds late): {late}"

@@ -100,7 +100,8 @@ def test_a_stalled_destination_does_not_stall_the_others(db, relay, tmp_path):
                     '[[routes]]\ntopics = ["fast.>"]\ndestinations = ["b"]\n'))
         relay(None, "--config", write_config(tmp_path, config), "--concurrency", "4", "--lease", "60s")
         slow = [db.enqueue("slow.thing", {"n": n}) for n in range(10)]
-        time.sleep(0.5)  # a's two connections are stuck now, the rest of slow waits
+        # a's two connections are stuck (the receiver records on arrival), the rest of slow waits
+        assert a.wait_until(lambda reqs: len(reqs) >= 2, 10), "a's two connections never filled"
         fast = [db.enqueue("fast.thing", {"n": n}) for n in range(20)]
         t0 = time.monotonic()
         assert wait_delivered(b, fast, 10), f"b got {len(ok(b))} of 20 while a stalled"

@@ -134,6 +134,50 @@ TEST_CASE("delivery outcomes are fenced on owner and attempt") {
     CHECK(db.query("SELECT destination FROM {s}.dead_letters") == "audit");
 }
 
+TEST_CASE("each delivery outcome is fenced by the attempt alone and by the owner alone") {
+    // Three events, one per outcome, so that each outcome's fence shows alone.
+    installed db;
+    auto a = db.store("a");
+    auto b = db.store("b");
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < 3; ++i) ids.push_back(a.enqueue(ev()));
+    REQUIRE(claim_all(a, 4).size() == 3);
+    for (const auto id : ids) REQUIRE(a.fan_out({id, 1}, std::vector{owe("audit")}, {}));
+    // Relay a claims the deliveries (attempt 2) with a lease that expires at
+    // once, then claims them again (attempt 3): its own expired leases.
+    REQUIRE(a.claim_deliveries(4, 1ms, destinations).size() == 3);
+    std::vector<event> again;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (again.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+        for (auto& e : a.claim_deliveries(4, 30s, destinations)) again.push_back(std::move(e));
+    }
+    REQUIRE(again.size() == 3);
+    for (const auto& e : again) CHECK(e.attempt == 3);
+    const auto state = [&] {
+        return db.query("SELECT string_agg(lease_owner || ':' || attempts || ':' || "
+                        "(available_at > now() + interval '20 seconds'), ',' ORDER BY event_id) FROM {s}.deliveries");
+    };
+    const std::string held = "a:3:true,a:3:true,a:3:true";
+    REQUIRE(state() == held);
+    const auto ref = [&](int i, std::int32_t attempt) { return pg::delivery_ref{ids[i], "audit", attempt}; };
+
+    // Same owner, the expired attempt (2).
+    CHECK(a.finish_deliveries({{ref(0, 2)}, {}, {}}) == 1);
+    CHECK(a.finish_deliveries({{}, {{ref(1, 2), 1h, "late"}}, {}}) == 1);
+    CHECK(a.finish_deliveries({{}, {}, {{ref(2, 2), "late", 410, ""}}}) == 1);
+    CHECK(state() == held);
+    // The live attempt (3), named by another relay.
+    CHECK(b.finish_deliveries({{ref(0, 3)}, {}, {}}) == 1);
+    CHECK(b.finish_deliveries({{}, {{ref(1, 3), 1h, "not mine"}}, {}}) == 1);
+    CHECK(b.finish_deliveries({{}, {}, {{ref(2, 3), "not mine", 410, ""}}}) == 1);
+    CHECK(state() == held);
+    CHECK(db.query("SELECT count(*) FROM {s}.dead_letters") == "0");
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "3");
+
+    CHECK(a.finish_deliveries({{ref(0, 3), ref(1, 3), ref(2, 3)}, {}, {}}) == 0);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+}
+
 TEST_CASE("a failing destination blocks its key there only; the other destination goes on in order") {
     installed db;
     auto s = db.store("a");

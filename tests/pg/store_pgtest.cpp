@@ -232,6 +232,61 @@ TEST_CASE("an expired lease is claimable again, and the old holder is fenced out
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
 }
 
+// The fence has two halves, and each must hold alone: the tests above change
+// owner and attempt together, so they would pass with either half removed.
+TEST_CASE("a relay that re-claims its own expired lease is fenced out by the attempt alone") {
+    // Three events, one per outcome, so that each outcome's fence shows alone.
+    installed db;
+    auto a = db.store("relay-a");
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < 3; ++i) ids.push_back(a.enqueue(ev("t")));
+    REQUIRE(a.claim(4, 1ms).events.size() == 3);
+    // The same owner claims them again once the 1 ms leases have expired.
+    std::vector<event> again;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (again.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+        for (auto& e : a.claim(4, 30s).events) again.push_back(std::move(e));
+    }
+    REQUIRE(again.size() == 3);
+    for (const auto& e : again) CHECK(e.attempt == 2);
+    const auto state = [&] {
+        return db.query("SELECT string_agg(lease_owner || ':' || attempts || ':' || "
+                        "(available_at > now() + interval '20 seconds'), ',' ORDER BY id) FROM {s}.events");
+    };
+    REQUIRE(state() == "relay-a:2:true,relay-a:2:true,relay-a:2:true");
+
+    // The first attempts' outcomes arrive late: same owner, old attempt.
+    CHECK(a.complete(std::vector{pg::lease_ref{ids[0], 1}}).empty());
+    CHECK_FALSE(a.reschedule({ids[1], 1}, 1h, "late"));
+    CHECK_FALSE(a.bury({ids[2], 1}, "late", 500, ""));
+    CHECK(state() == "relay-a:2:true,relay-a:2:true,relay-a:2:true");
+    CHECK(db.query("SELECT count(*) FROM {s}.dead_letters") == "0");
+
+    std::vector<pg::lease_ref> current;
+    for (const auto id : ids) current.push_back({id, 2});
+    CHECK(a.complete(current).size() == 3);
+}
+
+TEST_CASE("another relay naming the current attempt is fenced out by the owner alone") {
+    installed db;
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < 3; ++i) ids.push_back(a.enqueue(ev("t")));
+    REQUIRE(a.claim(4, 30s).events.size() == 3);
+    const auto state = [&] {
+        return db.query("SELECT string_agg(lease_owner || ':' || attempts || ':' || "
+                        "(available_at > now() + interval '20 seconds'), ',' ORDER BY id) FROM {s}.events");
+    };
+    // The right attempt, but relay-a holds it.
+    CHECK(b.complete(std::vector{pg::lease_ref{ids[0], 1}}).empty());
+    CHECK_FALSE(b.reschedule({ids[1], 1}, 1h, "not mine"));
+    CHECK_FALSE(b.bury({ids[2], 1}, "not mine", 500, ""));
+    CHECK(state() == "relay-a:1:true,relay-a:1:true,relay-a:1:true");
+    CHECK(db.query("SELECT count(*) FROM {s}.dead_letters") == "0");
+    CHECK(a.reschedule({ids[1], 1}, 1h, "mine"));
+}
+
 TEST_CASE("reschedule: not claimable before its time; next_due says when") {
     installed db;
     auto s = db.store("a");
@@ -433,12 +488,14 @@ TEST_CASE("another relay's claim reports when a lease expires, so a crashed rela
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
     (void)a.enqueue(ev("t"));
-    REQUIRE(a.claim(10, 5s).events.size() == 1);
+    // A minute's lease: the two statements may be seconds apart on a busy
+    // machine and next_due must still be the lease's end, not "now".
+    REQUIRE(a.claim(10, 60s).events.size() == 1);
     const auto r = b.claim(10, 30s);
     CHECK(r.events.empty());
     REQUIRE(r.next_due.has_value());
-    CHECK(*r.next_due > 4s);
-    CHECK(*r.next_due <= 5s);
+    CHECK(*r.next_due > 30s);
+    CHECK(*r.next_due <= 60s);
 }
 
 TEST_CASE("a claim behind a watermark skips what lies before it; a claim without one finds it") {

@@ -699,7 +699,7 @@ TEST_CASE("webhook_client: a malformed response is a transport error") {
     CHECK(r.error.find("malformed response from 127.0.0.1:") == 0);
 }
 
-TEST_CASE("webhook_client: more posts than max_connections queue FIFO and share the pool") {
+TEST_CASE("webhook_client: more posts than max_connections wait for a connection and share the pool") {
     net::io_context ioc;
     test_server server(ioc);
     server.behaviour = [](const test_request&, int, int) { return reply{reply::kind::hold, make_response(200, "ok"), {}}; };
@@ -734,6 +734,28 @@ TEST_CASE("webhook_client: more posts than max_connections queue FIFO and share 
     CHECK(server.max_open == 3);
     CHECK(server.seen.size() == total);
     CHECK(client.in_flight() == 0);
+}
+
+TEST_CASE("webhook_client: posts queued behind a busy connection go out in the order they were posted") {
+    // One connection: every post after the first waits in the queue, so the
+    // order the server sees is the queue's order (LIFO would send 5 first).
+    net::io_context ioc;
+    test_server server(ioc);
+    server.behaviour = [](const test_request&, int, int) { return respond(200, "ok"); };
+    client_options o = fast_options();
+    o.max_connections = 1;
+    webhook_client client(ioc, parse_endpoint_url(server.url()), o);
+
+    constexpr int total = 6;
+    std::vector<result_slot> slots(total);
+    for (int i = 0; i < total; ++i) client.post(json(std::to_string(i)), slots[i].callback());
+    REQUIRE(run_until(ioc, [&] {
+        return std::all_of(slots.begin(), slots.end(), [](const result_slot& s) { return s.done(); });
+    }));
+    std::vector<std::string> order;
+    for (auto const& req : server.seen) order.push_back(req.body());
+    CHECK(order == std::vector<std::string>{"0", "1", "2", "3", "4", "5"});
+    CHECK(server.accepts == 1);
 }
 
 TEST_CASE("webhook_client: close() fails queued requests, lets the one on the wire finish") {
