@@ -404,6 +404,11 @@ int dispatch(const parsed_args& args) {
     }
     const auto level = option_or_env(args, "log-level", "OUTBOXD_LOG_LEVEL", std::string("info"));
     log::set_level(usage_checked("log-level", [&] { return log::parse_level(level); }));
+    // TEMPORARY (ops branch): the config table gains `log_format` on another
+    // branch; until it is wired, only the environment variable chooses it.
+    if (const auto log_format = env("OUTBOXD_LOG_FORMAT")) {
+        log::set_format(usage_checked("OUTBOXD_LOG_FORMAT", [&] { return log::parse_format(*log_format); }));
+    }
     if (args.command == "sql") return cmd_sql(args);
     if (args.command == "migrate") return cmd_migrate(args);
     if (args.command == "enqueue") return cmd_enqueue(args);
