@@ -26,6 +26,7 @@
 #include "core/embedded_sql.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
+#include "core/redact.hpp"
 #include "core/signing.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
@@ -82,6 +83,17 @@ std::chrono::milliseconds duration_option(const parsed_args& args, std::string_v
     return usage_checked(option, [&] { return parse_duration(*text); });
 }
 
+// Every secret the configuration holds, for the log's last line of defence.
+std::vector<std::string> secrets_of(const config& c) {
+    std::vector<std::string> out;
+    if (auto pw = password_of(c.database_url)) out.push_back(std::move(*pw));
+    for (const auto& d : c.destinations) {
+        for (const auto& s : d.signing_secrets) out.push_back(base64_encode(s.key()));
+        for (auto& s : quotable_secrets(d)) out.push_back(std::move(s));
+    }
+    return out;
+}
+
 // The effective configuration: the --config file (or OUTBOXD_CONFIG), then
 // OUTBOXD_* variables, then flags. Any error is a usage error (exit 2).
 config load_config(const parsed_args& args, bool destinations_required, bool database_required = true) {
@@ -105,6 +117,7 @@ config load_config(const parsed_args& args, bool destinations_required, bool dat
     try {
         auto c = resolve_config(sources);
         log::set_level(log::parse_level(c.log_level));
+        log::never_show(secrets_of(c));
         return c;
     } catch (const config_error& e) {
         throw fatal_error(exit_usage, e.what());

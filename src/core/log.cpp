@@ -1,5 +1,6 @@
 #include "core/log.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "core/redact.hpp"
 #include "core/text.hpp"
 
 namespace outboxd::log {
@@ -16,6 +18,8 @@ namespace {
 std::atomic<int> current_level{static_cast<int>(level::info)};
 std::atomic<int> current_format{static_cast<int>(format::logfmt)};
 std::mutex write_mutex;
+std::mutex secrets_mutex;
+std::shared_ptr<const std::vector<std::string>> secrets = std::make_shared<const std::vector<std::string>>();
 
 constexpr std::string_view level_name(level l) {
     switch (l) {
@@ -147,9 +151,34 @@ std::string render(format f, std::chrono::system_clock::time_point when, level l
     return line;
 }
 
+void never_show(std::vector<std::string> list) {
+    std::erase_if(list, [](const std::string& s) { return s.size() < 4; });
+    // Longest first, so a whole value goes before a part of it.
+    std::sort(list.begin(), list.end(), [](const std::string& a, const std::string& b) {
+        return a.size() != b.size() ? a.size() > b.size() : a < b;
+    });
+    auto fresh = std::make_shared<const std::vector<std::string>>(std::move(list));
+    const std::lock_guard lock(secrets_mutex);
+    secrets = std::move(fresh);
+}
+
 void write(level l, std::string_view message, const fields& kv) {
-    const auto line = render(static_cast<format>(current_format.load(std::memory_order_relaxed)),
-                             std::chrono::system_clock::now(), l, message, kv);
+    const auto f = static_cast<format>(current_format.load(std::memory_order_relaxed));
+    const auto now = std::chrono::system_clock::now();
+    std::shared_ptr<const std::vector<std::string>> hidden;
+    {
+        const std::lock_guard lock(secrets_mutex);
+        hidden = secrets;
+    }
+    std::string line;
+    if (hidden->empty()) {
+        line = render(f, now, l, message, kv);
+    } else {
+        fields clean;
+        clean.reserve(kv.size());
+        for (const auto& [key, value] : kv) clean.emplace_back(key, redact(value, *hidden));
+        line = render(f, now, l, redact(message, *hidden), clean);
+    }
     const std::lock_guard lock(write_mutex);
     std::fwrite(line.data(), 1, line.size(), stderr);
     std::fflush(stderr);

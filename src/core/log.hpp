@@ -3,7 +3,8 @@
 //   logfmt  ts=2026-11-29T22:18:12.345Z level=info msg="relay started" schema=outbox
 //   json    {"ts":"2026-11-29T22:18:12.345Z","level":"info","msg":"relay started","schema":"outbox"}
 // Both carry the same keys in the same order, every value a string.
-// Thread-safe. Callers pass values already free of secrets (see dsn.hpp).
+// Thread-safe. Callers pass values already free of secrets (see dsn.hpp);
+// never_show() is the net under that rule.
 
 #include <chrono>
 #include <string>
@@ -28,6 +29,12 @@ void set_level(level l) noexcept;
 void set_format(format f) noexcept;
 
 using fields = std::vector<std::pair<std::string_view, std::string>>;
+
+// Text no record may hold (the database password, signing secrets,
+// configured header values): from now on write() replaces it with
+// "<redacted>" in the message and every value, whatever a caller passed.
+// Replaces the previous list; texts under 4 bytes are ignored.
+void never_show(std::vector<std::string> secrets);
 
 // One record as written, newline included; `write` adds nothing else.
 [[nodiscard]] std::string render(format f, std::chrono::system_clock::time_point when, level l,

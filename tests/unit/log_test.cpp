@@ -3,11 +3,14 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+
+#include <unistd.h>
 
 namespace lg = outboxd::log;
 
@@ -20,6 +23,25 @@ std::string_view without_newline(const std::string& line) {
     REQUIRE(!line.empty());
     REQUIRE(line.back() == '\n');
     return std::string_view(line).substr(0, line.size() - 1);
+}
+
+// What `write` puts on stderr while `f` runs.
+template <typename F>
+std::string stderr_of(F&& f) {
+    std::FILE* capture = std::tmpfile();
+    REQUIRE(capture != nullptr);
+    std::fflush(stderr);
+    const int saved = ::dup(2);
+    ::dup2(::fileno(capture), 2);
+    f();
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    std::rewind(capture);
+    std::string out;
+    for (int c = std::fgetc(capture); c != EOF; c = std::fgetc(capture)) out.push_back(static_cast<char>(c));
+    std::fclose(capture);
+    return out;
 }
 
 }  // namespace
@@ -79,4 +101,24 @@ TEST_CASE("log: a logfmt record stays on one line whatever its values hold") {
     CHECK(text.find('\n') == std::string_view::npos);
     CHECK(text.find('\r') == std::string_view::npos);
     CHECK(text.ends_with(R"(k="a\nb\rc\x01")"));
+}
+
+TEST_CASE("log: text given to never_show is cut out of every record, in both formats") {
+    lg::never_show({"pw-s3cr3t", "Bearer tok-0123456789", "ab"});
+    for (const auto f : {lg::format::logfmt, lg::format::json}) {
+        lg::set_format(f);
+        const auto out = stderr_of([] {
+            lg::error("connect as relay:pw-s3cr3t failed",
+                      {{"error", "HTTP 401: Bearer tok-0123456789 refused"}, {"short", "ab"}});
+        });
+        CAPTURE(out);
+        CHECK(out.find("pw-s3cr3t") == std::string::npos);
+        CHECK(out.find("tok-0123456789") == std::string::npos);
+        CHECK(out.find("relay:<redacted> failed") != std::string::npos);
+        CHECK(out.find("HTTP 401: <redacted> refused") != std::string::npos);
+        CHECK(out.find("ab") != std::string::npos);  // under 4 bytes: left alone
+    }
+    lg::never_show({});
+    lg::set_format(lg::format::logfmt);
+    CHECK(stderr_of([] { lg::error("pw-s3cr3t"); }).find("pw-s3cr3t") != std::string::npos);
 }
