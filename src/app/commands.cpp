@@ -420,7 +420,7 @@ int dispatch(const parsed_args& args) {
     // TEMPORARY (ops branch): the config table gains `log_format` on another
     // branch; until it is wired, only the environment variable chooses it.
     if (const auto log_format = env("OUTBOXD_LOG_FORMAT")) {
-        log::set_format(usage_checked("OUTBOXD_LOG_FORMAT", [&] { return log::parse_format(*log_format); }));
+        log::set_format(usage_checked("log-format", [&] { return log::parse_format(*log_format); }));
     }
     if (args.command == "sql") return cmd_sql(args);
     if (args.command == "migrate") return cmd_migrate(args);

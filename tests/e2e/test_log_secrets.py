@@ -261,6 +261,12 @@ destinations = ["a"]
         where = f"outboxd {' '.join(map(str, r.args))}"
         assert_no_secret(r.stdout, s, where + " stdout")
         assert_no_secret(r.stderr, s, where + " stderr")
-        # A log record or the one plain line that says why a command stopped.
-        records = [ln for ln in r.stderr.splitlines() if not ln.startswith("outboxd: ")]
-        check_lines("\n".join(records), fmt, where + " stderr")
+        # logfmt: records, and the one plain line that says why a command
+        # stopped; json: every line a record, that one too (with exit_code).
+        lines = r.stderr.splitlines()
+        if fmt == "logfmt":
+            lines = [ln for ln in lines if not ln.startswith("outboxd: ")]
+        records = check_lines("\n".join(lines), fmt, where + " stderr")
+        if fmt == "json" and r.rc != EXIT_OK:
+            last = records[-1]
+            assert last["level"] == "error" and last["exit_code"] == str(r.rc), (where, last)
