@@ -434,10 +434,15 @@ int dispatch(const parsed_args& args) {
 
 }  // namespace
 
-// Why the process could not do what it was asked, as a plain line on
-// stderr (a person reads it; the running relay's records are logfmt).
-void report(std::string_view message) noexcept {
+// Why the process could not do what it was asked: a plain line on stderr
+// (a person reads it), or, when the logs are JSON, a record like the others
+// (a log pipeline reads it, and that is the line it most needs).
+void report(std::string_view message, int code) noexcept {
     try {
+        if (log::current_format() == log::format::json) {
+            log::write(log::level::error, one_line(message), {{"exit_code", fmt::format("{}", code)}});
+            return;
+        }
         std::cerr << "outboxd: " << one_line(message) << '\n' << std::flush;
     } catch (...) {  // nothing left to tell anyone with
     }
@@ -447,18 +452,18 @@ int run_main(int argc, const char* const* argv) noexcept {
     try {
         return dispatch(parse_args(argc, argv));
     } catch (const fatal_error& e) {
-        report(e.what());
+        report(e.what(), e.code);
         return e.code;
     } catch (const pqxx::insufficient_privilege& e) {
         // SQLSTATE 42501; libpqxx 6.4 throws this class without the code.
         const auto error = permission_denied(primary_message(e.what()));
-        report(error.what());
+        report(error.what(), error.code);
         return error.code;
     } catch (const std::exception& e) {
-        report(fmt::format("unexpected error (a bug: please report it): {}", e.what()));
+        report(fmt::format("unexpected error (a bug: please report it): {}", e.what()), exit_internal);
         return exit_internal;
     } catch (...) {
-        report("unexpected error (a bug: please report it)");
+        report("unexpected error (a bug: please report it)", exit_internal);
         return exit_internal;
     }
 }

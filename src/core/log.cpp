@@ -16,7 +16,7 @@ namespace outboxd::log {
 namespace {
 
 std::atomic<int> current_level{static_cast<int>(level::info)};
-std::atomic<int> current_format{static_cast<int>(format::logfmt)};
+std::atomic<int> chosen_format{static_cast<int>(format::logfmt)};
 std::mutex write_mutex;
 std::mutex secrets_mutex;
 std::shared_ptr<const std::vector<std::string>> secrets = std::make_shared<const std::vector<std::string>>();
@@ -117,7 +117,9 @@ format parse_format(std::string_view name) {
     throw std::invalid_argument(fmt::format("invalid log format '{}': expected logfmt or json", name));
 }
 
-void set_format(format f) noexcept { current_format.store(static_cast<int>(f), std::memory_order_relaxed); }
+void set_format(format f) noexcept { chosen_format.store(static_cast<int>(f), std::memory_order_relaxed); }
+
+format current_format() noexcept { return static_cast<format>(chosen_format.load(std::memory_order_relaxed)); }
 
 std::string render(format f, std::chrono::system_clock::time_point when, level l, std::string_view message,
                    const fields& kv) {
@@ -163,7 +165,7 @@ void never_show(std::vector<std::string> list) {
 }
 
 void write(level l, std::string_view message, const fields& kv) {
-    const auto f = static_cast<format>(current_format.load(std::memory_order_relaxed));
+    const auto f = current_format();
     const auto now = std::chrono::system_clock::now();
     std::shared_ptr<const std::vector<std::string>> hidden;
     {

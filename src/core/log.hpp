@@ -27,6 +27,7 @@ void set_level(level l) noexcept;
 // Throws std::invalid_argument for anything but logfmt|json.
 [[nodiscard]] format parse_format(std::string_view name);
 void set_format(format f) noexcept;
+[[nodiscard]] format current_format() noexcept;
 
 using fields = std::vector<std::pair<std::string_view, std::string>>;
 
