@@ -21,6 +21,8 @@ packages=(
   python3 python3-psycopg2 python3-pytest
   # HTTPS
   ca-certificates openssl
+  # systemd-analyze, which checks packaging/outboxd.service (tests/e2e/test_packaging.py)
+  systemd
 )
 
 check_only=0

@@ -26,6 +26,7 @@
 #include "core/embedded_sql.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
+#include "core/redact.hpp"
 #include "core/signing.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
@@ -82,6 +83,17 @@ std::chrono::milliseconds duration_option(const parsed_args& args, std::string_v
     return usage_checked(option, [&] { return parse_duration(*text); });
 }
 
+// Every secret the configuration holds, for the log's last line of defence.
+std::vector<std::string> secrets_of(const config& c) {
+    std::vector<std::string> out;
+    if (auto pw = password_of(c.database_url)) out.push_back(std::move(*pw));
+    for (const auto& d : c.destinations) {
+        for (const auto& s : d.signing_secrets) out.push_back(base64_encode(s.key()));
+        for (auto& s : quotable_secrets(d)) out.push_back(std::move(s));
+    }
+    return out;
+}
+
 // The effective configuration: the --config file (or OUTBOXD_CONFIG), then
 // OUTBOXD_* variables, then flags. Any error is a usage error (exit 2).
 config load_config(const parsed_args& args, bool destinations_required, bool database_required = true) {
@@ -105,6 +117,7 @@ config load_config(const parsed_args& args, bool destinations_required, bool dat
     try {
         auto c = resolve_config(sources);
         log::set_level(log::parse_level(c.log_level));
+        log::never_show(secrets_of(c));
         return c;
     } catch (const config_error& e) {
         throw fatal_error(exit_usage, e.what());
@@ -404,6 +417,11 @@ int dispatch(const parsed_args& args) {
     }
     const auto level = option_or_env(args, "log-level", "OUTBOXD_LOG_LEVEL", std::string("info"));
     log::set_level(usage_checked("log-level", [&] { return log::parse_level(level); }));
+    // TEMPORARY (ops branch): the config table gains `log_format` on another
+    // branch; until it is wired, only the environment variable chooses it.
+    if (const auto log_format = env("OUTBOXD_LOG_FORMAT")) {
+        log::set_format(usage_checked("log-format", [&] { return log::parse_format(*log_format); }));
+    }
     if (args.command == "sql") return cmd_sql(args);
     if (args.command == "migrate") return cmd_migrate(args);
     if (args.command == "enqueue") return cmd_enqueue(args);
@@ -416,10 +434,15 @@ int dispatch(const parsed_args& args) {
 
 }  // namespace
 
-// Why the process could not do what it was asked, as a plain line on
-// stderr (a person reads it; the running relay's records are logfmt).
-void report(std::string_view message) noexcept {
+// Why the process could not do what it was asked: a plain line on stderr
+// (a person reads it), or, when the logs are JSON, a record like the others
+// (a log pipeline reads it, and that is the line it most needs).
+void report(std::string_view message, int code) noexcept {
     try {
+        if (log::current_format() == log::format::json) {
+            log::write(log::level::error, one_line(message), {{"exit_code", fmt::format("{}", code)}});
+            return;
+        }
         std::cerr << "outboxd: " << one_line(message) << '\n' << std::flush;
     } catch (...) {  // nothing left to tell anyone with
     }
@@ -429,18 +452,18 @@ int run_main(int argc, const char* const* argv) noexcept {
     try {
         return dispatch(parse_args(argc, argv));
     } catch (const fatal_error& e) {
-        report(e.what());
+        report(e.what(), e.code);
         return e.code;
     } catch (const pqxx::insufficient_privilege& e) {
         // SQLSTATE 42501; libpqxx 6.4 throws this class without the code.
         const auto error = permission_denied(primary_message(e.what()));
-        report(error.what());
+        report(error.what(), error.code);
         return error.code;
     } catch (const std::exception& e) {
-        report(fmt::format("unexpected error (a bug: please report it): {}", e.what()));
+        report(fmt::format("unexpected error (a bug: please report it): {}", e.what()), exit_internal);
         return exit_internal;
     } catch (...) {
-        report("unexpected error (a bug: please report it)");
+        report("unexpected error (a bug: please report it)", exit_internal);
         return exit_internal;
     }
 }

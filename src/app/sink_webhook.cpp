@@ -1,6 +1,11 @@
+#include <memory>
+#include <string>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "app/sink.hpp"
+#include "core/redact.hpp"
 
 namespace outboxd::app {
 namespace {
@@ -15,17 +20,31 @@ public:
                                        .max_body_excerpt = 1024,
                                        .user_agent = fmt::format("outboxd/{}", OUTBOXD_VERSION),
                                        .tls = d.tls,
-                                       .block_private_addresses = block_private_addresses}) {}
+                                       .block_private_addresses = block_private_addresses}),
+          secrets_(std::make_shared<const std::vector<std::string>>(quotable_secrets(d))) {}
 
     void send(const event& e, header_list headers, std::chrono::steady_clock::time_point deadline,
               std::function<void(http::response_summary)> done) override {
-        client_.post(http::outgoing_request{e.payload, std::move(headers), deadline}, std::move(done));
+        if (secrets_->empty()) {
+            client_.post(http::outgoing_request{e.payload, std::move(headers), deadline}, std::move(done));
+            return;
+        }
+        // The answer becomes last_error, a dead letter's excerpt and a log
+        // line: what the receiver quotes of our credentials is cut out first.
+        // (The callback may outlive this sink: it holds the list itself.)
+        client_.post(http::outgoing_request{e.payload, std::move(headers), deadline},
+                     [secrets = secrets_, done = std::move(done)](http::response_summary r) {
+                         r.body_excerpt = redact(r.body_excerpt, *secrets);
+                         r.error = redact(r.error, *secrets);
+                         done(std::move(r));
+                     });
     }
 
     void close() override { client_.close(); }
 
 private:
     http::webhook_client client_;
+    std::shared_ptr<const std::vector<std::string>> secrets_;
 };
 
 }  // namespace

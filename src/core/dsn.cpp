@@ -156,7 +156,15 @@ std::vector<std::string_view> suspect_words(std::string_view dsn) {
     return words;
 }
 
-// The password itself, as it could appear quoted alone in a message.
+void replace_all(std::string& text, std::string_view needle, std::string_view with) {
+    if (needle.empty()) return;
+    for (auto pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + with.size())) {
+        text.replace(pos, needle.size(), with);
+    }
+}
+
+}  // namespace
+
 std::optional<std::string> password_of(std::string_view dsn) {
     if (is_uri_dsn(dsn)) {
         const auto pw = find_uri_password(dsn);
@@ -170,15 +178,6 @@ std::optional<std::string> password_of(std::string_view dsn) {
     }
     return std::nullopt;
 }
-
-void replace_all(std::string& text, std::string_view needle, std::string_view with) {
-    if (needle.empty()) return;
-    for (auto pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + with.size())) {
-        text.replace(pos, needle.size(), with);
-    }
-}
-
-}  // namespace
 
 bool is_uri_dsn(std::string_view dsn) noexcept {
     return ieq_prefix(dsn, "postgresql://") || ieq_prefix(dsn, "postgres://");

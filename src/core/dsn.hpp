@@ -3,6 +3,7 @@
 // URIs (postgresql://user:secret@host/db?x=y) and key=value lists.
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -31,5 +32,8 @@ namespace outboxd {
                                                    std::chrono::milliseconds keepalive_timeout);
 
 [[nodiscard]] bool is_uri_dsn(std::string_view dsn) noexcept;
+
+// The password itself, as written in the connection string, if it has one.
+[[nodiscard]] std::optional<std::string> password_of(std::string_view dsn);
 
 }  // namespace outboxd
