@@ -23,6 +23,7 @@
 
 #include "core/dsn.hpp"
 #include "core/duration.hpp"
+#include "core/http_token.hpp"
 #include "core/log.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
@@ -456,7 +457,7 @@ std::vector<header_setting> headers_of(const file_reader& f, const entry& e) {
     std::vector<header_setting> out;
     for (const auto& h : entries(f, table_of(e), e.from.key, {})) {
         const std::string name(h.key);
-        if (!is_header_name(name)) {
+        if (!is_http_token(name)) {
             // Not repeated: a malformed name is often a whole "Name: value" line.
             throw config_error(fmt::format("{}: {}: a header name is not a valid HTTP token", h.from.location, e.from.key));
         }
