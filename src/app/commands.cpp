@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <cstdio>
@@ -24,6 +24,7 @@
 #include "core/dsn.hpp"
 #include "core/duration.hpp"
 #include "core/embedded_sql.hpp"
+#include "core/integer.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
 #include "core/signing.hpp"
@@ -62,17 +63,11 @@ auto usage_checked(std::string_view option, F&& parse) {
     }
 }
 
-long long parse_int(const parsed_args& args, std::string_view option, long long fallback, long long min,
-                    long long max) {
+std::int64_t integer_option(const parsed_args& args, std::string_view option, std::int64_t fallback, std::int64_t min,
+                            std::int64_t max) {
     const auto text = args.get(option);
     if (!text) return fallback;
-    long long value = 0;
-    auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
-    if (ec != std::errc{} || end != text->data() + text->size() || value < min || value > max) {
-        throw fatal_error(exit_usage,
-                          fmt::format("--{}: expected a whole number from {} to {}, got '{}'", option, min, max, *text));
-    }
-    return value;
+    return usage_checked(option, [&] { return parse_integer(*text, min, max); });
 }
 
 std::chrono::milliseconds duration_option(const parsed_args& args, std::string_view option,
@@ -277,7 +272,7 @@ pg::dead_filter dead_filter_of(const parsed_args& args) {
         f.topic = usage_checked("topic", [&] { return topic_pattern::parse(*topic).to_regex(); });
     }
     if (args.get("older-than")) f.older_than = duration_option(args, "older-than", {});
-    if (args.get("id")) f.id = parse_int(args, "id", 0, 1, std::numeric_limits<long long>::max());
+    if (args.get("id")) f.id = integer_option(args, "id", 0, 1, std::numeric_limits<std::int64_t>::max());
     return f;
 }
 
@@ -294,7 +289,7 @@ int cmd_dead(const parsed_args& args) {
     auto conn = connect(dsn);
     return with_installed_outbox(schema, [&] {
         if (args.subcommand == "list") {
-            const auto limit = static_cast<std::size_t>(parse_int(args, "limit", 100, 1, 1'000'000));
+            const auto limit = static_cast<std::size_t>(integer_option(args, "limit", 100, 1, 1'000'000));
             const auto dead = pg::list_dead(*conn, schema, filter, limit);
             if (args.flag("json")) {
                 for (const auto& d : dead) {

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <charconv>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -24,9 +23,11 @@
 #include "core/dsn.hpp"
 #include "core/duration.hpp"
 #include "core/http_token.hpp"
+#include "core/integer.hpp"
 #include "core/log.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
+#include "core/toml_text.hpp"
 #include "core/topic_pattern.hpp"
 #include "core/webhook_request.hpp"
 
@@ -42,42 +43,10 @@ constexpr std::string_view default_destination = "default";
 
 // ---- text helpers -----------------------------------------------------------
 
-// A TOML basic string; also how values are quoted in messages, so a control
-// character in an environment variable cannot garble a log line.
-std::string quoted(std::string_view raw) {
-    const std::string s = is_valid_utf8(raw) ? std::string(raw) : sanitize_text(raw, raw.size() * 3);
-    std::string out;
-    out.reserve(s.size() + 2);
-    out.push_back('"');
-    for (const char ch : s) {
-        const auto c = static_cast<unsigned char>(ch);
-        switch (ch) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\b': out += "\\b"; break;
-            case '\t': out += "\\t"; break;
-            case '\n': out += "\\n"; break;
-            case '\f': out += "\\f"; break;
-            case '\r': out += "\\r"; break;
-            default:
-                if (c < 0x20 || c == 0x7F) {
-                    out += fmt::format("\\u{:04X}", c);
-                } else {
-                    out.push_back(ch);
-                }
-        }
-    }
-    out.push_back('"');
-    return out;
-}
+// How messages quote a value (and how TOML spells a string).
+std::string quoted(std::string_view raw) { return toml_quoted(raw); }
 
-bool is_bare_key(std::string_view k) {
-    return !k.empty() && std::all_of(k.begin(), k.end(), [](char c) {
-        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-    });
-}
-
-std::string key_text(std::string_view k) { return is_bare_key(k) ? std::string(k) : quoted(k); }
+std::string key_text(std::string_view k) { return toml_key(k); }
 
 std::string child(std::string_view path, std::string_view key) {
     return path.empty() ? key_text(key) : fmt::format("{}.{}", path, key_text(key));
@@ -160,12 +129,11 @@ private:
 // ---- values from text (environment variables and flags) ------------------------
 
 std::int64_t int_from_text(std::string_view text, const origin& o, std::int64_t lo, std::int64_t hi) {
-    std::int64_t v = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc{} || end != text.data() + text.size() || v < lo || v > hi) {
-        fail(o, fmt::format("expected an integer from {} to {}, got {}", lo, hi, quoted(text)));
+    try {
+        return parse_integer(text, lo, hi);
+    } catch (const std::invalid_argument& e) {
+        fail(o, e.what());
     }
-    return v;
 }
 
 milliseconds duration_checked(std::string_view text, const origin& o, milliseconds min, std::string_view got) {
