@@ -397,8 +397,8 @@ int dispatch(const parsed_args& args) {
         std::cout << usage_text();
         return args.help ? exit_ok : exit_usage;
     }
-    const auto level = option_or_env(args, "log-level", "OUTBOXD_LOG_LEVEL", std::string("info"));
-    log::set_level(usage_checked("log-level", [&] { return log::parse_level(level); }));
+    // Every command reads the configuration first (load_config), which sets
+    // the log level: flag, environment or file.
     if (args.command == "sql") return cmd_sql(args);
     if (args.command == "migrate") return cmd_migrate(args);
     if (args.command == "enqueue") return cmd_enqueue(args);

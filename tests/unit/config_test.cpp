@@ -1155,6 +1155,7 @@ TEST_CASE("config: log_format from the file, environment and flags, next to log_
     bad.file.clear();
     bad.env["OUTBOXD_LOG_FORMAT"] = "JSON";
     CHECK(error_of(bad) == "OUTBOXD_LOG_FORMAT: expected logfmt or json, got \"JSON\"");
+    bad.env.erase("OUTBOXD_LOG_FORMAT");
     bad.flags["log-format"] = {"text"};
     CHECK(error_of(bad) == "--log-format: expected logfmt or json, got \"text\"");
 }
@@ -1169,8 +1170,8 @@ struct readme_row {
 
 std::string fmt_heading(std::string_view heading) { return "### " + std::string(heading) + "\n"; }
 
-std::map<std::string, readme_row> readme_table(const std::string& readme, std::string_view heading) {
-    std::map<std::string, readme_row> out;
+std::map<std::string, readme_row, std::less<>> readme_table(const std::string& readme, std::string_view heading) {
+    std::map<std::string, readme_row, std::less<>> out;
     const auto start = readme.find(fmt_heading(heading));
     REQUIRE_MESSAGE(start != std::string::npos, heading);
     const auto end = readme.find("\n#", start + 1);
