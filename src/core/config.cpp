@@ -11,9 +11,11 @@
 #include "core/config.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>

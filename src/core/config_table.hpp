@@ -35,7 +35,7 @@ enum class kind {
     one_of,     // a string among rule::choices
     schema,     // a schema name (core/sql_ident.hpp)
     dsn,        // the database URL; rendered with the password cut out
-    file_name,  // a non-empty string; unset: rule default_words
+    file_name,  // a non-empty string, optional (unset: the row's default_words)
     statuses,   // HTTP statuses, not 2xx: [410, 422] in the file, "410,422" as text
     secrets,    // signing secrets; rendered as "<redacted>"; a repeated flag adds up
     headers,    // static headers, file only, merged per name; values rendered as "<redacted>"
