@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <array>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "app/exit_codes.hpp"
+#include "core/config.hpp"
 
 namespace outboxd::app {
 namespace {
@@ -17,38 +19,15 @@ struct option_spec {
     bool takes_value = true;
 };
 
-constexpr std::array<option_spec, 37> known_options{{
+// The commands' own options; the configuration's come from its settings table.
+constexpr std::array<option_spec, 13> command_options{{
     {"config", ""},
-    {"database-url", ""},
-    {"database-connect-timeout", ""},
-    {"database-keepalive-timeout", ""},
-    {"database-statement-timeout", "run check-config"},
-    {"schema", ""},
-    {"log-level", ""},
     {"topic", "enqueue dead"},
     {"payload", "enqueue"},
     {"key", "enqueue"},
     {"idempotency-key", "enqueue"},
     {"header", "enqueue", true},
     {"delay", "enqueue"},
-    {"url", "run check-config"},
-    {"concurrency", "run check-config"},
-    {"lease", "run check-config"},
-    {"sweep-interval", "run check-config"},
-    {"request-timeout", "run check-config"},
-    {"connect-timeout", "run check-config"},
-    {"retry-base", "run check-config"},
-    {"retry-cap", "run check-config"},
-    {"max-attempts", "run check-config"},
-    {"shutdown-timeout", "run check-config"},
-    {"idempotency-retention", "run check-config"},
-    {"dead-letter-retention", "run check-config"},
-    {"permanent-statuses", "run check-config"},
-    {"throttle-statuses", "run check-config"},
-    {"signing-secret", "run check-config", true},
-    {"ca-file", "run check-config"},
-    {"insecure-skip-tls-verify", "run check-config", false, false},
-    {"block-private-addresses", "run check-config", false, false},
     {"older-than", "dead"},
     {"limit", "dead"},
     {"id", "dead"},
@@ -56,6 +35,17 @@ constexpr std::array<option_spec, 37> known_options{{
     {"all", "dead", false, false},
     {"dry-run", "dead", false, false},
 }};
+
+const std::vector<option_spec>& known_options() {
+    static const std::vector<option_spec> all = [] {
+        std::vector<option_spec> out(command_options.begin(), command_options.end());
+        for (const auto& f : config_flags()) {
+            out.push_back({f.name, f.every_command ? "" : "run check-config", f.repeatable, f.takes_value});
+        }
+        return out;
+    }();
+    return all;
+}
 
 constexpr std::array<std::string_view, 7> commands{"migrate", "sql", "enqueue", "run", "check-config", "dead",
                                                    "status"};
@@ -74,9 +64,9 @@ bool belongs_to(const option_spec& spec, std::string_view command) {
 }
 
 const option_spec* find_option(std::string_view name) {
-    const auto it = std::find_if(known_options.begin(), known_options.end(),
-                                 [&](const option_spec& s) { return s.name == name; });
-    return it == known_options.end() ? nullptr : &*it;
+    const auto& options = known_options();
+    const auto it = std::find_if(options.begin(), options.end(), [&](const option_spec& s) { return s.name == name; });
+    return it == options.end() ? nullptr : &*it;
 }
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -180,6 +170,7 @@ Global options (also as environment variables):
                                           is given up after this, default 10s (>= 1s)
   --schema NAME        OUTBOXD_SCHEMA     default: outbox
   --log-level LEVEL    OUTBOXD_LOG_LEVEL  debug|info|warn|error, default: info
+  --log-format FORMAT  OUTBOXD_LOG_FORMAT logfmt|json, default: logfmt
   --help, --version
 
 `outboxd run` and `check-config` options (DURATION is a whole number with ms, s, m or h;

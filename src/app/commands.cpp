@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <cstdio>
@@ -24,6 +24,7 @@
 #include "core/dsn.hpp"
 #include "core/duration.hpp"
 #include "core/embedded_sql.hpp"
+#include "core/integer.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
 #include "core/redact.hpp"
@@ -63,17 +64,11 @@ auto usage_checked(std::string_view option, F&& parse) {
     }
 }
 
-long long parse_int(const parsed_args& args, std::string_view option, long long fallback, long long min,
-                    long long max) {
+std::int64_t integer_option(const parsed_args& args, std::string_view option, std::int64_t fallback, std::int64_t min,
+                            std::int64_t max) {
     const auto text = args.get(option);
     if (!text) return fallback;
-    long long value = 0;
-    auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
-    if (ec != std::errc{} || end != text->data() + text->size() || value < min || value > max) {
-        throw fatal_error(exit_usage,
-                          fmt::format("--{}: expected a whole number from {} to {}, got '{}'", option, min, max, *text));
-    }
-    return value;
+    return usage_checked(option, [&] { return parse_integer(*text, min, max); });
 }
 
 std::chrono::milliseconds duration_option(const parsed_args& args, std::string_view option,
@@ -117,6 +112,7 @@ config load_config(const parsed_args& args, bool destinations_required, bool dat
     try {
         auto c = resolve_config(sources);
         log::set_level(log::parse_level(c.log_level));
+        log::set_format(log::parse_format(c.log_format));
         log::never_show(secrets_of(c));
         return c;
     } catch (const config_error& e) {
@@ -290,7 +286,7 @@ pg::dead_filter dead_filter_of(const parsed_args& args) {
         f.topic = usage_checked("topic", [&] { return topic_pattern::parse(*topic).to_regex(); });
     }
     if (args.get("older-than")) f.older_than = duration_option(args, "older-than", {});
-    if (args.get("id")) f.id = parse_int(args, "id", 0, 1, std::numeric_limits<long long>::max());
+    if (args.get("id")) f.id = integer_option(args, "id", 0, 1, std::numeric_limits<std::int64_t>::max());
     return f;
 }
 
@@ -307,7 +303,7 @@ int cmd_dead(const parsed_args& args) {
     auto conn = connect(dsn);
     return with_installed_outbox(schema, [&] {
         if (args.subcommand == "list") {
-            const auto limit = static_cast<std::size_t>(parse_int(args, "limit", 100, 1, 1'000'000));
+            const auto limit = static_cast<std::size_t>(integer_option(args, "limit", 100, 1, 1'000'000));
             const auto dead = pg::list_dead(*conn, schema, filter, limit);
             if (args.flag("json")) {
                 for (const auto& d : dead) {
@@ -415,13 +411,8 @@ int dispatch(const parsed_args& args) {
         std::cout << usage_text();
         return args.help ? exit_ok : exit_usage;
     }
-    const auto level = option_or_env(args, "log-level", "OUTBOXD_LOG_LEVEL", std::string("info"));
-    log::set_level(usage_checked("log-level", [&] { return log::parse_level(level); }));
-    // TEMPORARY (ops branch): the config table gains `log_format` on another
-    // branch; until it is wired, only the environment variable chooses it.
-    if (const auto log_format = env("OUTBOXD_LOG_FORMAT")) {
-        log::set_format(usage_checked("log-format", [&] { return log::parse_format(*log_format); }));
-    }
+    // Every command reads the configuration first (load_config), which sets
+    // the log level and format: flag, environment or file.
     if (args.command == "sql") return cmd_sql(args);
     if (args.command == "migrate") return cmd_migrate(args);
     if (args.command == "enqueue") return cmd_enqueue(args);

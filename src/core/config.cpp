@@ -1,7 +1,7 @@
 // The effective configuration: built-in defaults < TOML file < environment <
 // flags, validated key by key where each value is read, so every message
-// names the value's own source. README.md ("Configuration") documents every
-// key; this file and that section change together.
+// names the value's own source. Which settings exist, their spellings,
+// bounds and members are the rows of config_table.cpp; this file reads them.
 //
 // Layering of destination settings: [defaults] in the file, then the
 // environment, then flags, make one "defaults" layer; a destination's own
@@ -13,19 +13,21 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <charconv>
 #include <cstdint>
-#include <initializer_list>
+#include <span>
+#include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "core/config_table.hpp"
 #include "core/dsn.hpp"
 #include "core/duration.hpp"
-#include "core/log.hpp"
+#include "core/http_token.hpp"
+#include "core/integer.hpp"
 #include "core/sql_ident.hpp"
-#include "core/text.hpp"
+#include "core/toml_text.hpp"
 #include "core/topic_pattern.hpp"
 #include "core/webhook_request.hpp"
 
@@ -33,53 +35,20 @@ namespace outboxd {
 namespace {
 
 using std::chrono::milliseconds;
+using settings::kind;
+using settings::row;
+using settings::expected_one_of;
+using settings::value;
 
-constexpr std::int64_t max_concurrency_limit = 1024;
-constexpr std::int64_t max_attempts_limit = 1000;
-constexpr std::string_view redacted = "<redacted>";
 constexpr std::string_view default_destination = "default";
 
 // ---- text helpers -----------------------------------------------------------
 
-// A TOML basic string; also how values are quoted in messages, so a control
-// character in an environment variable cannot garble a log line.
-std::string quoted(std::string_view raw) {
-    const std::string s = is_valid_utf8(raw) ? std::string(raw) : sanitize_text(raw, raw.size() * 3);
-    std::string out;
-    out.reserve(s.size() + 2);
-    out.push_back('"');
-    for (const char ch : s) {
-        const auto c = static_cast<unsigned char>(ch);
-        switch (ch) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\b': out += "\\b"; break;
-            case '\t': out += "\\t"; break;
-            case '\n': out += "\\n"; break;
-            case '\f': out += "\\f"; break;
-            case '\r': out += "\\r"; break;
-            default:
-                if (c < 0x20 || c == 0x7F) {
-                    out += fmt::format("\\u{:04X}", c);
-                } else {
-                    out.push_back(ch);
-                }
-        }
-    }
-    out.push_back('"');
-    return out;
-}
-
-bool is_bare_key(std::string_view k) {
-    return !k.empty() && std::all_of(k.begin(), k.end(), [](char c) {
-        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-    });
-}
-
-std::string key_text(std::string_view k) { return is_bare_key(k) ? std::string(k) : quoted(k); }
+// How messages quote a value (and how TOML spells a string).
+std::string quoted(std::string_view raw) { return toml_quoted(raw); }
 
 std::string child(std::string_view path, std::string_view key) {
-    return path.empty() ? key_text(key) : fmt::format("{}.{}", path, key_text(key));
+    return path.empty() ? toml_key(key) : fmt::format("{}.{}", path, toml_key(key));
 }
 
 std::string element(std::string_view path, std::size_t i) { return fmt::format("{}[{}]", path, i); }
@@ -123,11 +92,43 @@ origin from_flag(std::string_view name) { return {origin::kind::flag, fmt::forma
     throw config_error(fmt::format("{}: {}", o.prefix(), what));
 }
 
-template <typename T>
-struct setting {
-    T value{};
-    origin from;
+// The settings of one table of rows (config_table.hpp) while they are
+// resolved: their values, and where each came from.
+template <typename Owner>
+struct layer {
+    std::span<const row<Owner>> rows;
+    Owner values{};
+    std::vector<origin> from;
+
+    // Built-in defaults; `path` is how messages name the layer's keys ("defaults.").
+    layer(std::span<const row<Owner>> r, std::string_view path) : rows(r) {
+        for (const auto& s : rows) from.push_back(builtin(fmt::format("{}{}", path, s.key)));
+    }
+
+    void assign(std::size_t i, value v, origin o) {
+        const auto& r = rows[i];
+        if (r.value.k == kind::headers) {
+            // Per name: a destination's header replaces an inherited one.
+            auto merged = std::get<header_list>(r.at.get(values));
+            for (auto& h : std::get<header_list>(v)) {
+                std::erase_if(merged, [&](const auto& old) { return same_header_name(old.first, h.first); });
+                merged.push_back(std::move(h));
+            }
+            v = std::move(merged);
+        }
+        r.at.set(values, std::move(v));
+        from[i] = std::move(o);
+    }
+    [[nodiscard]] const origin& origin_of(std::string_view key) const {
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+            if (rows[i].key == key) return from[i];
+        }
+        throw std::logic_error(fmt::format("no setting {}", key));
+    }
 };
+
+using relay_layer = layer<config>;
+using destination_layer = layer<destination_config>;
 
 // ---- the sources --------------------------------------------------------------
 
@@ -159,12 +160,11 @@ private:
 // ---- values from text (environment variables and flags) ------------------------
 
 std::int64_t int_from_text(std::string_view text, const origin& o, std::int64_t lo, std::int64_t hi) {
-    std::int64_t v = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (ec != std::errc{} || end != text.data() + text.size() || v < lo || v > hi) {
-        fail(o, fmt::format("expected an integer from {} to {}, got {}", lo, hi, quoted(text)));
+    try {
+        return parse_integer(text, lo, hi);
+    } catch (const std::invalid_argument& e) {
+        fail(o, e.what());
     }
-    return v;
 }
 
 milliseconds duration_checked(std::string_view text, const origin& o, milliseconds min, std::string_view got) {
@@ -178,18 +178,13 @@ milliseconds duration_checked(std::string_view text, const origin& o, millisecon
     return d;
 }
 
-milliseconds duration_from_text(std::string_view text, const origin& o, milliseconds min) {
-    return duration_checked(text, o, min, quoted(text));
-}
-
+// A flag without a value means true: --block-private-addresses. (An empty
+// environment variable never gets here: it counts as unset.)
 bool bool_from_text(std::string_view text, const origin& o) {
-    if (text == "true") return true;
+    if (text.empty() || text == "true") return true;
     if (text == "false") return false;
     fail(o, fmt::format("expected true or false, got {}", quoted(text)));
 }
-
-// A flag without a value means true: --block-private-addresses.
-bool switch_from_text(std::string_view text, const origin& o) { return text.empty() || bool_from_text(text, o); }
 
 std::vector<unsigned> statuses_from_text(std::string_view text, const origin& o) {
     try {
@@ -199,15 +194,6 @@ std::vector<unsigned> statuses_from_text(std::string_view text, const origin& o)
     }
 }
 
-std::string log_level_checked(std::string_view text, const origin& o, std::string_view got) {
-    try {
-        (void)log::parse_level(text);
-    } catch (const std::invalid_argument&) {
-        fail(o, fmt::format("expected debug, info, warn or error, got {}", got));
-    }
-    return std::string(text);
-}
-
 std::string schema_checked(std::string_view text, const origin& o) {
     try {
         validate_schema_name(text);
@@ -215,6 +201,10 @@ std::string schema_checked(std::string_view text, const origin& o) {
         fail(o, e.what());
     }
     return std::string(text);
+}
+
+bool is_one_of(std::string_view text, std::span<const std::string_view> choices) {
+    return std::find(choices.begin(), choices.end(), text) != choices.end();
 }
 
 endpoint_url url_checked(std::string_view text, const origin& o) {
@@ -232,6 +222,30 @@ std::vector<signing_secret> secrets_from_text(std::string_view text, const origi
     } catch (const std::invalid_argument& e) {
         fail(o, e.what());
     }
+}
+
+std::string non_empty(std::string_view text, const origin& o, std::string_view what) {
+    if (text.empty()) fail(o, fmt::format("expected {}, got \"\"", what));
+    return std::string(text);
+}
+
+// A setting's value from an environment variable or a flag.
+value from_text(const settings::rule& r, std::string_view text, const origin& o) {
+    switch (r.k) {
+        case kind::duration: return duration_checked(text, o, r.min, quoted(text));
+        case kind::integer: return int_from_text(text, o, r.lo, r.hi);
+        case kind::boolean: return bool_from_text(text, o) != r.negated_outside_file;
+        case kind::one_of:
+            if (!is_one_of(text, r.choices)) fail(o, fmt::format("{}, got {}", expected_one_of(r.choices), quoted(text)));
+            return std::string(text);
+        case kind::schema: return schema_checked(text, o);
+        case kind::dsn: return non_empty(text, o, "a database URL");
+        case kind::file_name: return std::optional<std::string>(non_empty(text, o, "a file name"));
+        case kind::statuses: return statuses_from_text(text, o);
+        case kind::secrets: return secrets_from_text(text, o);
+        case kind::headers: break;
+    }
+    throw std::logic_error("this setting has no environment variable or flag");
 }
 
 // ---- values from the TOML file ----------------------------------------------------
@@ -303,30 +317,24 @@ std::size_t distance(std::string_view a, std::string_view b) {
     return row[b.size()];
 }
 
-// Where keys live that people put in the wrong table.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 17> homes{{
-    {"concurrency", "relay.concurrency"},
-    {"lease", "relay.lease"},
-    {"sweep_interval", "relay.sweep_interval"},
-    {"shutdown_timeout", "relay.shutdown_timeout"},
-    {"log_level", "relay.log_level"},
-    {"idempotency_retention", "relay.idempotency_retention"},
-    {"schema", "database.schema"},
-    {"block_private_addresses", "egress.block_private_addresses"},
-    {"connect_timeout", "defaults.connect_timeout (or destinations.NAME.connect_timeout)"},
-    {"request_timeout", "defaults.request_timeout (or destinations.NAME.request_timeout)"},
-    {"max_concurrency", "defaults.max_concurrency (or destinations.NAME.max_concurrency)"},
-    {"base", "defaults.retry.base (or destinations.NAME.retry.base)"},
-    {"cap", "defaults.retry.cap (or destinations.NAME.retry.cap)"},
-    {"max_attempts", "defaults.retry.max_attempts (or destinations.NAME.retry.max_attempts)"},
-    {"permanent_statuses", "defaults.retry.permanent_statuses (or destinations.NAME.retry.permanent_statuses)"},
-    {"throttle_statuses", "defaults.retry.throttle_statuses (or destinations.NAME.retry.throttle_statuses)"},
-    {"ca_file", "defaults.tls.ca_file (or destinations.NAME.tls.ca_file)"},
-}};
+// Where a key lives that was put in the wrong table: "relay.lease", or
+// "defaults.retry.base (or destinations.NAME.retry.base)". Empty if none.
+std::string home_of(std::string_view key) {
+    const auto last = [](std::string_view k) { return k.substr(k.rfind('.') + 1); };
+    for (const auto& r : settings::destination_rows()) {
+        for (const auto k : {r.key, r.by_env_key}) {
+            if (!k.empty() && last(k) == key) return fmt::format("defaults.{0} (or destinations.NAME.{0})", k);
+        }
+    }
+    for (const auto& r : settings::relay_rows()) {
+        if (last(r.key) == key) return std::string(r.key);
+    }
+    return {};
+}
 
 // "; did you mean relay.concurrency?" for an unknown key: a close spelling
 // of a key of the same table, or the table where that key lives.
-std::string suggestion(std::string_view path, std::string_view key, std::initializer_list<std::string_view> allowed) {
+std::string suggestion(std::string_view path, std::string_view key, std::span<const std::string_view> allowed) {
     std::string_view best;
     std::size_t best_distance = std::max<std::size_t>(1, key.size() / 4) + 1;
     for (const auto candidate : allowed) {
@@ -336,9 +344,7 @@ std::string suggestion(std::string_view path, std::string_view key, std::initial
         }
     }
     if (!best.empty()) return fmt::format("; did you mean {}?", child(path, best));
-    for (const auto& [name, home] : homes) {
-        if (name == key) return fmt::format("; did you mean {}?", home);
-    }
+    if (auto home = home_of(key); !home.empty()) return fmt::format("; did you mean {}?", home);
     return {};
 }
 
@@ -346,7 +352,7 @@ std::string suggestion(std::string_view path, std::string_view key, std::initial
 // refusing any key not in `allowed` (the typo guard). An empty `allowed`
 // accepts every key (header names, destination names).
 std::vector<entry> entries(const file_reader& f, const toml::table& t, std::string_view path,
-                           std::initializer_list<std::string_view> allowed) {
+                           std::span<const std::string_view> allowed) {
     std::vector<std::pair<const toml::key*, const toml::node*>> items;
     for (const auto& [k, v] : t) items.emplace_back(&k, &v);
     std::stable_sort(items.begin(), items.end(),
@@ -355,7 +361,7 @@ std::vector<entry> entries(const file_reader& f, const toml::table& t, std::stri
     for (const auto& [k, v] : items) {
         const auto key = k->str();
         auto o = f.at(k->source(), child(path, key));
-        if (allowed.size() != 0 && std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+        if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
             throw config_error(fmt::format("{}: unknown key {}{}", o.location, o.key, suggestion(path, key, allowed)));
         }
         out.push_back({key, v, std::move(o)});
@@ -418,45 +424,12 @@ std::vector<unsigned> statuses_of(const file_reader& f, const entry& e) {
     return out;
 }
 
-// ---- settings shared by [defaults] and every destination ------------------------
-
-struct header_setting {
-    std::string name;
-    std::string value;
-};
-
-struct destination_settings {
-    setting<milliseconds> connect_timeout{milliseconds(5'000), builtin("defaults.connect_timeout")};
-    setting<milliseconds> request_timeout{milliseconds(10'000), builtin("defaults.request_timeout")};
-    setting<std::size_t> max_concurrency{32, builtin("defaults.max_concurrency")};
-    setting<std::vector<signing_secret>> signing_secrets{{}, builtin("defaults.signing_secrets")};
-    std::vector<header_setting> headers;
-    setting<milliseconds> retry_base{retry_policy{}.base, builtin("defaults.retry.base")};
-    setting<milliseconds> retry_cap{retry_policy{}.cap, builtin("defaults.retry.cap")};
-    setting<int> max_attempts{retry_policy{}.max_attempts, builtin("defaults.retry.max_attempts")};
-    setting<std::vector<unsigned>> permanent_statuses{retry_policy{}.permanent_statuses,
-                                                      builtin("defaults.retry.permanent_statuses")};
-    setting<std::vector<unsigned>> throttle_statuses{retry_policy{}.throttle_statuses,
-                                                     builtin("defaults.retry.throttle_statuses")};
-    setting<bool> tls_verify{true, builtin("defaults.tls.verify")};
-    setting<std::optional<std::string>> ca_file{std::nullopt, builtin("defaults.tls.ca_file")};
-};
-
-constexpr milliseconds min_timeout{1};
-
-bool same_header(std::string_view a, std::string_view b) {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-               auto lower = [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; };
-               return lower(x) == lower(y);
-           });
-}
-
 // Header values may be secret (tokens): no message shows one.
-std::vector<header_setting> headers_of(const file_reader& f, const entry& e) {
-    std::vector<header_setting> out;
+header_list headers_of(const file_reader& f, const entry& e) {
+    header_list out;
     for (const auto& h : entries(f, table_of(e), e.from.key, {})) {
         const std::string name(h.key);
-        if (!is_header_name(name)) {
+        if (!is_http_token(name)) {
             // Not repeated: a malformed name is often a whole "Name: value" line.
             throw config_error(fmt::format("{}: {}: a header name is not a valid HTTP token", h.from.location, e.from.key));
         }
@@ -466,9 +439,9 @@ std::vector<header_setting> headers_of(const file_reader& f, const entry& e) {
         const auto* value = h.node->as_string();
         if (value == nullptr) fail(h.from, fmt::format("expected a string, got {}", type_name(*h.node)));
         if (!is_header_value(value->get())) fail(h.from, "the value contains a control character");
-        const auto dup = std::find_if(out.begin(), out.end(), [&](const auto& o) { return same_header(o.name, name); });
-        if (dup != out.end()) fail(h.from, fmt::format("the same header as {} (names are case-insensitive)", dup->name));
-        out.push_back({name, value->get()});
+        const auto dup = std::find_if(out.begin(), out.end(), [&](const auto& o) { return same_header_name(o.first, name); });
+        if (dup != out.end()) fail(h.from, fmt::format("the same header as {} (names are case-insensitive)", dup->first));
+        out.emplace_back(name, value->get());
     }
     return out;
 }
@@ -492,6 +465,34 @@ std::vector<signing_secret> secrets_of(const file_reader& f, const entry& e) {
     return out;
 }
 
+// A setting's value from the file.
+value from_file(const settings::rule& r, const file_reader& f, const entry& e) {
+    switch (r.k) {
+        case kind::duration: return duration_of(e, r.min);
+        case kind::integer: return int_of(e, r.lo, r.hi);
+        case kind::boolean: return bool_of(e);
+        case kind::one_of: {
+            const auto* s = e.node->as_string();
+            if (s == nullptr || !is_one_of(s->get(), r.choices)) {
+                fail(e.from, fmt::format("{}, got {}", expected_one_of(r.choices), got(*e.node)));
+            }
+            return s->get();
+        }
+        case kind::schema: {
+            const auto* s = e.node->as_string();
+            if (s == nullptr) fail(e.from, fmt::format("expected a string, got {}", got(*e.node)));
+            return schema_checked(s->get(), e.from);
+        }
+        case kind::dsn: return string_of(e);
+        case kind::file_name: return std::optional<std::string>(string_of(e));
+        case kind::statuses: return statuses_of(f, e);
+        case kind::secrets: return secrets_of(f, e);
+        case kind::headers: return headers_of(f, e);
+    }
+    throw std::logic_error("unknown kind of setting");
+}
+
+// signing_secrets_env = "NAME": the secrets from that variable.
 std::vector<signing_secret> secrets_from_env_var(const inputs& in, const entry& e) {
     const auto& name = string_of(e);
     if (!is_env_name(name) || name.starts_with("whsec_")) {
@@ -509,273 +510,121 @@ std::vector<signing_secret> secrets_from_env_var(const inputs& in, const entry& 
     return secrets;
 }
 
-// Reads one of the keys that [defaults] and [destinations.NAME] share into
-// `s`; false when `e` is not one of them.
-bool read_shared(const file_reader& f, const inputs& in, const entry& e, destination_settings& s) {
-    if (e.key == "connect_timeout") {
-        s.connect_timeout = {duration_of(e, min_timeout), e.from};
-    } else if (e.key == "request_timeout") {
-        s.request_timeout = {duration_of(e, min_timeout), e.from};
-    } else if (e.key == "max_concurrency") {
-        s.max_concurrency = {static_cast<std::size_t>(int_of(e, 1, max_concurrency_limit)), e.from};
-    } else if (e.key == "signing_secrets") {
-        s.signing_secrets = {secrets_of(f, e), e.from};
-    } else if (e.key == "signing_secrets_env") {
-        s.signing_secrets = {secrets_from_env_var(in, e), e.from};
-    } else if (e.key == "headers") {
-        // Per name: a destination's header replaces an inherited one.
-        for (auto& h : headers_of(f, e)) {
-            std::erase_if(s.headers, [&](const header_setting& old) { return same_header(old.name, h.name); });
-            s.headers.push_back(std::move(h));
-        }
-    } else if (e.key == "retry") {
-        for (const auto& r : entries(f, table_of(e), e.from.key,
-                                     {"base", "cap", "max_attempts", "permanent_statuses", "throttle_statuses"})) {
-            if (r.key == "base") s.retry_base = {duration_of(r, milliseconds(0)), r.from};
-            if (r.key == "cap") s.retry_cap = {duration_of(r, milliseconds(0)), r.from};
-            if (r.key == "max_attempts") s.max_attempts = {static_cast<int>(int_of(r, 1, max_attempts_limit)), r.from};
-            if (r.key == "permanent_statuses") s.permanent_statuses = {statuses_of(f, r), r.from};
-            if (r.key == "throttle_statuses") s.throttle_statuses = {statuses_of(f, r), r.from};
-        }
-    } else if (e.key == "tls") {
-        for (const auto& t : entries(f, table_of(e), e.from.key, {"ca_file", "verify"})) {
-            if (t.key == "ca_file") s.ca_file = {string_of(t), t.from};
-            if (t.key == "verify") s.tls_verify = {bool_of(t), t.from};
-        }
-    } else {
-        return false;
+// ---- reading a table of rows ----------------------------------------------------------
+
+// The keys a table at `prefix` may hold: the next part of every row's key
+// under it ("retry" for "retry.base" at ""), and the by_env_key spellings.
+template <typename Owner>
+std::vector<std::string_view> keys_under(std::span<const row<Owner>> rows, std::string_view prefix) {
+    std::vector<std::string_view> out;
+    const auto add = [&](std::string_view key) {
+        if (!key.starts_with(prefix)) return;
+        key.remove_prefix(prefix.size());
+        key = key.substr(0, key.find('.'));
+        if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
+    };
+    for (const auto& r : rows) {
+        add(r.key);
+        if (!r.by_env_key.empty()) add(r.by_env_key);
     }
+    return out;
+}
+
+template <typename Owner>
+void refuse_both_spellings(std::span<const row<Owner>> rows, std::string_view prefix, const std::vector<entry>& es) {
+    const auto find = [&](std::string_view key) {
+        return std::find_if(es.begin(), es.end(), [&](const entry& e) { return fmt::format("{}{}", prefix, e.key) == key; });
+    };
+    for (const auto& r : rows) {
+        if (r.by_env_key.empty()) continue;
+        if (const auto a = find(r.key), b = find(r.by_env_key); a != es.end() && b != es.end()) {
+            fail(b->from, fmt::format("give {} or {}, not both", a->key, b->key));
+        }
+    }
+}
+
+template <typename Owner>
+void read_entries(const file_reader& f, const inputs& in, const std::vector<entry>& es, std::string_view prefix,
+                  layer<Owner>& into);
+
+// Reads `e` of the table at `prefix` into `into`: a setting, or a table of
+// them (retry, tls, relay). False when it is neither (a destination's url).
+template <typename Owner>
+bool read_entry(const file_reader& f, const inputs& in, const entry& e, std::string_view prefix, layer<Owner>& into) {
+    const auto key = fmt::format("{}{}", prefix, e.key);
+    for (std::size_t i = 0; i < into.rows.size(); ++i) {
+        const auto& r = into.rows[i];
+        if (r.key == key) {
+            into.assign(i, from_file(r.value, f, e), e.from);
+            return true;
+        }
+        if (r.by_env_key == key) {
+            into.assign(i, secrets_from_env_var(in, e), e.from);
+            return true;
+        }
+    }
+    const auto table = key + ".";
+    const auto under = keys_under(into.rows, table);
+    if (under.empty()) return false;
+    read_entries(f, in, entries(f, table_of(e), e.from.key, under), table, into);
     return true;
 }
 
-void refuse_both_secret_keys(const std::vector<entry>& es) {
-    const auto has = [&](std::string_view k) {
-        return std::find_if(es.begin(), es.end(), [&](const entry& e) { return e.key == k; });
-    };
-    if (const auto a = has("signing_secrets"), b = has("signing_secrets_env"); a != es.end() && b != es.end()) {
-        fail(b->from, "give signing_secrets or signing_secrets_env, not both");
-    }
+template <typename Owner>
+void read_entries(const file_reader& f, const inputs& in, const std::vector<entry>& es, std::string_view prefix,
+                  layer<Owner>& into) {
+    refuse_both_spellings(into.rows, prefix, es);
+    for (const auto& e : es) (void)read_entry(f, in, e, prefix, into);
 }
 
-// Environment, then flags, over the file's [defaults].
-void apply_env_and_flags(const inputs& in, destination_settings& s) {
-    auto duration_setting = [&](setting<milliseconds>& target, std::string_view env, std::string_view flag,
-                                milliseconds min) {
-        if (auto v = in.env(env)) target = {duration_from_text(*v, from_env(env), min), from_env(env)};
-        if (auto v = in.flag(flag)) target = {duration_from_text(*v, from_flag(flag), min), from_flag(flag)};
-    };
-    duration_setting(s.connect_timeout, "OUTBOXD_CONNECT_TIMEOUT", "connect-timeout", min_timeout);
-    duration_setting(s.request_timeout, "OUTBOXD_REQUEST_TIMEOUT", "request-timeout", min_timeout);
-    duration_setting(s.retry_base, "OUTBOXD_RETRY_BASE", "retry-base", milliseconds(0));
-    duration_setting(s.retry_cap, "OUTBOXD_RETRY_CAP", "retry-cap", milliseconds(0));
-
-    auto attempts = [&](std::string_view text, const origin& o) {
-        s.max_attempts = {static_cast<int>(int_from_text(text, o, 1, max_attempts_limit)), o};
-    };
-    if (auto v = in.env("OUTBOXD_MAX_ATTEMPTS")) attempts(*v, from_env("OUTBOXD_MAX_ATTEMPTS"));
-    if (auto v = in.flag("max-attempts")) attempts(*v, from_flag("max-attempts"));
-
-    auto statuses = [&](setting<std::vector<unsigned>>& target, std::string_view env, std::string_view flag) {
-        if (auto v = in.env(env)) target = {statuses_from_text(*v, from_env(env)), from_env(env)};
-        if (auto v = in.flag(flag)) target = {statuses_from_text(*v, from_flag(flag)), from_flag(flag)};
-    };
-    statuses(s.permanent_statuses, "OUTBOXD_PERMANENT_STATUSES", "permanent-statuses");
-    statuses(s.throttle_statuses, "OUTBOXD_THROTTLE_STATUSES", "throttle-statuses");
-
-    // Secrets: the flag (repeatable, each value space-separated) replaces the variable.
-    if (auto v = in.env("OUTBOXD_SIGNING_SECRETS")) {
-        s.signing_secrets = {secrets_from_text(*v, from_env("OUTBOXD_SIGNING_SECRETS")),
-                             from_env("OUTBOXD_SIGNING_SECRETS")};
-    }
-    if (const auto values = in.flag_values("signing-secret"); !values.empty()) {
-        std::vector<signing_secret> all;
-        for (const auto& text : values) {
-            auto some = secrets_from_text(text, from_flag("signing-secret"));
-            std::move(some.begin(), some.end(), std::back_inserter(all));
+// Environment, then flags, over the file: for [defaults], over the file's
+// [defaults] only (a destination's own keys win over both).
+template <typename Owner>
+void apply_env_and_flags(const inputs& in, layer<Owner>& into) {
+    for (std::size_t i = 0; i < into.rows.size(); ++i) {
+        const auto& r = into.rows[i];
+        if (!r.env.empty()) {
+            if (auto v = in.env(r.env)) into.assign(i, from_text(r.value, *v, from_env(r.env)), from_env(r.env));
         }
-        s.signing_secrets = {std::move(all), from_flag("signing-secret")};
-    }
-
-    if (auto v = in.env("OUTBOXD_CA_FILE")) s.ca_file = {*v, from_env("OUTBOXD_CA_FILE")};
-    if (auto v = in.flag("ca-file")) {
-        if (v->empty()) fail(from_flag("ca-file"), "expected a file name, got \"\"");
-        s.ca_file = {*v, from_flag("ca-file")};
-    }
-    if (auto v = in.env("OUTBOXD_INSECURE_SKIP_TLS_VERIFY")) {
-        const auto o = from_env("OUTBOXD_INSECURE_SKIP_TLS_VERIFY");
-        s.tls_verify = {!bool_from_text(*v, o), o};
-    }
-    if (auto v = in.flag("insecure-skip-tls-verify")) {
-        const auto o = from_flag("insecure-skip-tls-verify");
-        s.tls_verify = {!switch_from_text(*v, o), o};
-    }
-}
-
-// ---- the whole configuration ---------------------------------------------------------
-
-struct top_settings {
-    setting<std::string> database_url{{}, builtin("database.url")};
-    setting<std::string> schema{"outbox", builtin("database.schema")};
-    setting<milliseconds> db_connect_timeout{milliseconds(10'000), builtin("database.connect_timeout")};
-    setting<milliseconds> db_keepalive_timeout{milliseconds(10'000), builtin("database.keepalive_timeout")};
-    setting<milliseconds> db_statement_timeout{milliseconds(5'000), builtin("database.statement_timeout")};
-    setting<std::size_t> concurrency{32, builtin("relay.concurrency")};
-    setting<milliseconds> lease{milliseconds(30'000), builtin("relay.lease")};
-    setting<milliseconds> sweep_interval{milliseconds(30'000), builtin("relay.sweep_interval")};
-    setting<milliseconds> shutdown_timeout{milliseconds(10'000), builtin("relay.shutdown_timeout")};
-    setting<std::string> log_level{"info", builtin("relay.log_level")};
-    setting<milliseconds> idempotency_retention{milliseconds(7 * 24 * 3'600'000),
-                                                builtin("relay.idempotency_retention")};
-    setting<milliseconds> dead_letter_retention{milliseconds(30 * 24 * 3'600'000LL),
-                                                builtin("relay.dead_letter_retention")};
-    setting<bool> block_private_addresses{false, builtin("egress.block_private_addresses")};
-};
-
-constexpr milliseconds min_sweep_interval{100};
-constexpr milliseconds min_lease{1};
-// libpq takes both in whole seconds; it treats a connect_timeout under 2 s as 2 s.
-constexpr milliseconds min_db_connect_timeout{2'000};
-constexpr milliseconds min_db_keepalive_timeout{1'000};
-
-void read_top_tables(const file_reader& f, const inputs& in, const std::vector<entry>& root, top_settings& top,
-                     destination_settings& defaults) {
-    for (const auto& section : root) {
-        if (section.key == "database") {
-            for (const auto& e : entries(f, table_of(section), "database",
-                                         {"url", "schema", "connect_timeout", "keepalive_timeout",
-                                          "statement_timeout"})) {
-                if (e.key == "url") top.database_url = {string_of(e), e.from};
-                if (e.key == "connect_timeout") {
-                    top.db_connect_timeout = {duration_of(e, min_db_connect_timeout), e.from};
-                }
-                if (e.key == "keepalive_timeout") {
-                    top.db_keepalive_timeout = {duration_of(e, min_db_keepalive_timeout), e.from};
-                }
-                if (e.key == "statement_timeout") top.db_statement_timeout = {duration_of(e, milliseconds(0)), e.from};
-                if (e.key == "schema") {
-                    const auto* s = e.node->as_string();
-                    if (s == nullptr) fail(e.from, fmt::format("expected a string, got {}", got(*e.node)));
-                    top.schema = {schema_checked(s->get(), e.from), e.from};
-                }
+        if (r.flag.empty()) continue;
+        if (r.value.k == kind::secrets) {
+            // Repeatable, each value space-separated: all of them together.
+            const auto values = in.flag_values(r.flag);
+            if (values.empty()) continue;
+            std::vector<signing_secret> all;
+            for (const auto& text : values) {
+                auto some = secrets_from_text(text, from_flag(r.flag));
+                std::move(some.begin(), some.end(), std::back_inserter(all));
             }
-        } else if (section.key == "relay") {
-            for (const auto& e : entries(f, table_of(section), "relay",
-                                         {"concurrency", "lease", "sweep_interval", "shutdown_timeout", "log_level",
-                                          "idempotency_retention", "dead_letter_retention"})) {
-                if (e.key == "concurrency") {
-                    top.concurrency = {static_cast<std::size_t>(int_of(e, 1, max_concurrency_limit)), e.from};
-                }
-                if (e.key == "lease") top.lease = {duration_of(e, min_lease), e.from};
-                if (e.key == "sweep_interval") top.sweep_interval = {duration_of(e, min_sweep_interval), e.from};
-                if (e.key == "shutdown_timeout") top.shutdown_timeout = {duration_of(e, milliseconds(0)), e.from};
-                if (e.key == "idempotency_retention") {
-                    top.idempotency_retention = {duration_of(e, milliseconds(0)), e.from};
-                }
-                if (e.key == "dead_letter_retention") {
-                    top.dead_letter_retention = {duration_of(e, milliseconds(0)), e.from};
-                }
-                if (e.key == "log_level") {
-                    const auto* s = e.node->as_string();
-                    if (s == nullptr) {
-                        fail(e.from, fmt::format("expected debug, info, warn or error, got {}", got(*e.node)));
-                    }
-                    top.log_level = {log_level_checked(s->get(), e.from, quoted(s->get())), e.from};
-                }
-            }
-        } else if (section.key == "egress") {
-            for (const auto& e : entries(f, table_of(section), "egress", {"block_private_addresses"})) {
-                top.block_private_addresses = {bool_of(e), e.from};
-            }
-        } else if (section.key == "defaults") {
-            const auto es = entries(f, table_of(section), "defaults",
-                                    {"connect_timeout", "request_timeout", "max_concurrency", "signing_secrets",
-                                     "signing_secrets_env", "headers", "retry", "tls"});
-            refuse_both_secret_keys(es);
-            for (const auto& e : es) (void)read_shared(f, in, e, defaults);
+            into.assign(i, std::move(all), from_flag(r.flag));
+        } else if (auto v = in.flag(r.flag)) {
+            into.assign(i, from_text(r.value, *v, from_flag(r.flag)), from_flag(r.flag));
         }
     }
 }
 
-void apply_env_and_flags(const inputs& in, top_settings& top) {
-    auto text_setting = [&](std::string_view env, std::string_view flag, auto&& apply) {
-        if (!env.empty()) {
-            if (auto v = in.env(env)) apply(*v, from_env(env));
-        }
-        if (auto v = in.flag(flag)) apply(*v, from_flag(flag));
-    };
-    text_setting("DATABASE_URL", "database-url", [&](const std::string& v, const origin& o) {
-        if (v.empty()) fail(o, "expected a database URL, got \"\"");
-        top.database_url = {v, o};
-    });
-    text_setting("OUTBOXD_SCHEMA", "schema", [&](const std::string& v, const origin& o) {
-        top.schema = {schema_checked(v, o), o};
-    });
-    text_setting("OUTBOXD_DATABASE_CONNECT_TIMEOUT", "database-connect-timeout",
-                 [&](const std::string& v, const origin& o) {
-                     top.db_connect_timeout = {duration_from_text(v, o, min_db_connect_timeout), o};
-                 });
-    text_setting("OUTBOXD_DATABASE_KEEPALIVE_TIMEOUT", "database-keepalive-timeout",
-                 [&](const std::string& v, const origin& o) {
-                     top.db_keepalive_timeout = {duration_from_text(v, o, min_db_keepalive_timeout), o};
-                 });
-    text_setting("OUTBOXD_DATABASE_STATEMENT_TIMEOUT", "database-statement-timeout",
-                 [&](const std::string& v, const origin& o) {
-                     top.db_statement_timeout = {duration_from_text(v, o, milliseconds(0)), o};
-                 });
-    text_setting("OUTBOXD_CONCURRENCY", "concurrency", [&](const std::string& v, const origin& o) {
-        top.concurrency = {static_cast<std::size_t>(int_from_text(v, o, 1, max_concurrency_limit)), o};
-    });
-    text_setting("OUTBOXD_LEASE", "lease", [&](const std::string& v, const origin& o) {
-        top.lease = {duration_from_text(v, o, min_lease), o};
-    });
-    text_setting("OUTBOXD_SWEEP_INTERVAL", "sweep-interval", [&](const std::string& v, const origin& o) {
-        top.sweep_interval = {duration_from_text(v, o, min_sweep_interval), o};
-    });
-    text_setting("OUTBOXD_SHUTDOWN_TIMEOUT", "shutdown-timeout", [&](const std::string& v, const origin& o) {
-        top.shutdown_timeout = {duration_from_text(v, o, milliseconds(0)), o};
-    });
-    text_setting("OUTBOXD_IDEMPOTENCY_RETENTION", "idempotency-retention", [&](const std::string& v, const origin& o) {
-        top.idempotency_retention = {duration_from_text(v, o, milliseconds(0)), o};
-    });
-    text_setting("OUTBOXD_DEAD_LETTER_RETENTION", "dead-letter-retention", [&](const std::string& v, const origin& o) {
-        top.dead_letter_retention = {duration_from_text(v, o, milliseconds(0)), o};
-    });
-    text_setting("OUTBOXD_LOG_LEVEL", "log-level", [&](const std::string& v, const origin& o) {
-        top.log_level = {log_level_checked(v, o, quoted(v)), o};
-    });
-    if (auto v = in.env("OUTBOXD_BLOCK_PRIVATE_ADDRESSES")) {
-        const auto o = from_env("OUTBOXD_BLOCK_PRIVATE_ADDRESSES");
-        top.block_private_addresses = {bool_from_text(*v, o), o};
-    }
-    if (auto v = in.flag("block-private-addresses")) {
-        const auto o = from_flag("block-private-addresses");
-        top.block_private_addresses = {switch_from_text(*v, o), o};
-    }
-}
+// ---- destinations and routes -------------------------------------------------------
 
 // A destination while it is being resolved: its settings, and where it was
 // declared (for the messages of cross-checks).
 struct pending_destination {
     std::string name;
     transport kind = transport::webhook;
-    setting<endpoint_url> url;
-    destination_settings settings;
+    endpoint_url url;
+    destination_layer settings;
     origin declared;
 };
 
 pending_destination read_destination(const file_reader& f, const inputs& in, const entry& d,
-                                     const destination_settings& defaults) {
+                                     const destination_layer& defaults) {
     if (!is_destination_name(d.key)) {
         fail(d.from, "a destination name is 1 to 64 letters, digits, '_' or '-'");
     }
-    pending_destination out;
-    out.name = std::string(d.key);
-    out.declared = d.from;
-    out.settings = defaults;
-    const auto es = entries(f, table_of(d), d.from.key,
-                            {"type", "url", "connect_timeout", "request_timeout", "max_concurrency", "signing_secrets",
-                             "signing_secrets_env", "headers", "retry", "tls"});
-    refuse_both_secret_keys(es);
+    pending_destination out{std::string(d.key), transport::webhook, {}, defaults, d.from};
+    std::vector<std::string_view> allowed{"type", "url"};  // a destination's own, not inherited
+    for (const auto key : keys_under(settings::destination_rows(), "")) allowed.push_back(key);
+    const auto es = entries(f, table_of(d), d.from.key, allowed);
+    refuse_both_spellings(settings::destination_rows(), "", es);
     for (const auto& e : es) {
         if (e.key != "type") continue;
         const auto* s = e.node->as_string();
@@ -790,16 +639,16 @@ pending_destination read_destination(const file_reader& f, const inputs& in, con
     bool has_url = false;
     for (const auto& e : es) {
         if (e.key == "type") continue;
-        if (out.kind == transport::stdout_lines && e.key != "retry") {
+        if (out.kind == transport::stdout_lines && !settings::applies_to_stdout(e.key)) {
             fail(e.from, "does not apply to a stdout destination (only retry does)");
         }
         if (e.key == "url") {
             const auto* s = e.node->as_string();
             if (s == nullptr) fail(e.from, fmt::format("expected a URL string, got {}", got(*e.node)));
-            out.url = {url_checked(s->get(), e.from), e.from};
+            out.url = url_checked(s->get(), e.from);
             has_url = true;
         } else {
-            (void)read_shared(f, in, e, out.settings);
+            (void)read_entry(f, in, e, "", out.settings);
         }
     }
     if (out.kind == transport::webhook && !has_url) fail(d.from, "missing url (a webhook destination needs one)");
@@ -811,6 +660,8 @@ struct file_routes {
     std::vector<origin> declared;  // per route
 };
 
+constexpr std::array<std::string_view, 3> route_keys{"topics", "topic", "destinations"};
+
 file_routes read_routes(const file_reader& f, const entry& r, const std::vector<pending_destination>& destinations) {
     file_routes out;
     const auto& array = array_of(r, "an array of tables ([[routes]])");
@@ -818,7 +669,7 @@ file_routes read_routes(const file_reader& f, const entry& r, const std::vector<
         const auto* t = el.node->as_table();
         if (t == nullptr) fail(el.from, fmt::format("expected a table, got {}", got(*el.node)));
         route_config route;
-        const auto es = entries(f, *t, el.from.key, {"topics", "topic", "destinations"});
+        const auto es = entries(f, *t, el.from.key, route_keys);
         std::optional<origin> topics_at;
         bool has_destinations = false;
         for (const auto& e : es) {
@@ -866,51 +717,50 @@ file_routes read_routes(const file_reader& f, const entry& r, const std::vector<
 
 // ---- cross-checks ------------------------------------------------------------------------
 
-void check_destination(const pending_destination& d, const top_settings& top) {
-    const auto& s = d.settings;
-    if (s.retry_base.value > s.retry_cap.value) {
-        fail(s.retry_base.from,
-             fmt::format("destination {}: retry base {} must not exceed the retry cap {} ({})", d.name,
-                         format_duration(s.retry_base.value), format_duration(s.retry_cap.value),
-                         s.retry_cap.from.source()));
+void check_destination(const pending_destination& d, const relay_layer& top) {
+    const auto& s = d.settings.values;
+    const auto& base_from = d.settings.origin_of("retry.base");
+    if (s.retry.base > s.retry.cap) {
+        fail(base_from, fmt::format("destination {}: retry base {} must not exceed the retry cap {} ({})", d.name,
+                                    format_duration(s.retry.base), format_duration(s.retry.cap),
+                                    d.settings.origin_of("retry.cap").source()));
     }
     if (d.kind != transport::webhook) return;
     // A lease that could expire while its delivery is still running would let
     // a second relay deliver the same event concurrently.
-    const auto attempt = s.connect_timeout.value + s.request_timeout.value;
-    if (top.lease.value <= attempt) {
-        fail(top.lease.from,
+    const auto attempt = s.connect_timeout + s.request_timeout;
+    const auto lease = top.values.lease;
+    if (lease <= attempt) {
+        fail(top.origin_of("relay.lease"),
              fmt::format("lease {} must be longer than connect_timeout + request_timeout of destination {} ({}: "
                          "connect_timeout {} {}, request_timeout {} {})",
-                         format_duration(top.lease.value), d.name, format_duration(attempt),
-                         format_duration(s.connect_timeout.value), s.connect_timeout.from.source(),
-                         format_duration(s.request_timeout.value), s.request_timeout.from.source()));
+                         format_duration(lease), d.name, format_duration(attempt), format_duration(s.connect_timeout),
+                         d.settings.origin_of("connect_timeout").source(), format_duration(s.request_timeout),
+                         d.settings.origin_of("request_timeout").source()));
     }
 }
 
-destination_config to_config(pending_destination d) {
+destination_config to_config(pending_destination d, std::size_t relay_concurrency) {
+    const bool secrets_in_file = [&] {
+        const auto& from = d.settings.origin_of("signing_secrets");
+        return from.k == origin::kind::file && !from.key.ends_with("_env");
+    }();
+    const bool max_concurrency_unset = d.settings.origin_of("max_concurrency").k == origin::kind::builtin;
     destination_config out;
+    if (d.kind == transport::webhook) {
+        out = std::move(d.settings.values);
+        out.url = std::move(d.url);
+        // Unset, a destination may use every delivery slot of the relay: a
+        // lower built-in limit would defer deliveries for no reason.
+        if (max_concurrency_unset) out.max_concurrency = relay_concurrency;
+        if (secrets_in_file && !out.signing_secrets.empty()) {
+            out.signing_secrets_in_file = d.settings.origin_of("signing_secrets").prefix();
+        }
+    } else {
+        out.retry = std::move(d.settings.values.retry);  // only retry applies to stdout
+    }
     out.name = std::move(d.name);
     out.kind = d.kind;
-    auto& s = d.settings;
-    out.retry.base = s.retry_base.value;
-    out.retry.cap = s.retry_cap.value;
-    out.retry.max_attempts = s.max_attempts.value;
-    out.retry.permanent_statuses = std::move(s.permanent_statuses.value);
-    out.retry.throttle_statuses = std::move(s.throttle_statuses.value);
-    if (out.kind != transport::webhook) return out;  // only retry applies to stdout
-    out.url = std::move(d.url.value);
-    for (auto& h : s.headers) out.headers.emplace_back(std::move(h.name), std::move(h.value));
-    out.connect_timeout = s.connect_timeout.value;
-    out.request_timeout = s.request_timeout.value;
-    out.max_concurrency = s.max_concurrency.value;
-    out.tls.verify = s.tls_verify.value;
-    out.tls.ca_file = std::move(s.ca_file.value);
-    out.signing_secrets = std::move(s.signing_secrets.value);
-    if (const auto& from = s.signing_secrets.from;
-        !out.signing_secrets.empty() && from.k == origin::kind::file && !from.key.ends_with("_env")) {
-        out.signing_secrets_in_file = from.prefix();
-    }
     return out;
 }
 
@@ -957,15 +807,24 @@ config resolve_config(const config_sources& sources) {
             throw config_error(fmt::format("{}:{}:{}: invalid TOML: {}", f.name(), p.line, p.column, e.description()));
         }
     }
-    const auto root = entries(f, doc, "", {"database", "relay", "egress", "defaults", "destinations", "routes"});
+    auto sections = keys_under(settings::relay_rows(), "");  // database, relay, egress
+    for (const auto key : {"defaults", "destinations", "routes"}) sections.emplace_back(key);
+    const auto root = entries(f, doc, "", sections);
     const auto section = [&](std::string_view key) -> const entry* {
         const auto it = std::find_if(root.begin(), root.end(), [&](const entry& e) { return e.key == key; });
         return it == root.end() ? nullptr : &*it;
     };
 
-    top_settings top;
-    destination_settings defaults;
-    read_top_tables(f, in, root, top, defaults);
+    relay_layer top(settings::relay_rows(), "");
+    destination_layer defaults(settings::destination_rows(), "defaults.");
+    for (const auto& e : root) {
+        if (e.key == "defaults") {
+            const auto keys = keys_under(settings::destination_rows(), "");
+            read_entries(f, in, entries(f, table_of(e), "defaults", keys), "", defaults);
+        } else if (e.key != "destinations" && e.key != "routes") {
+            (void)read_entry(f, in, e, "", top);
+        }
+    }
     apply_env_and_flags(in, top);
     apply_env_and_flags(in, defaults);
 
@@ -973,11 +832,11 @@ config resolve_config(const config_sources& sources) {
     std::vector<pending_destination> destinations;
     std::optional<origin> shortcut;
     std::optional<std::string> shortcut_url;
-    if (auto v = in.flag("url")) {
-        shortcut = from_flag("url");
+    if (auto v = in.flag(settings::shortcut_flag)) {
+        shortcut = from_flag(settings::shortcut_flag);
         shortcut_url = *v;
-    } else if (auto e = in.env("OUTBOXD_WEBHOOK_URL")) {
-        shortcut = from_env("OUTBOXD_WEBHOOK_URL");
+    } else if (auto e = in.env(settings::shortcut_env)) {
+        shortcut = from_env(settings::shortcut_env);
         shortcut_url = *e;
     }
     std::vector<route_config> routes;
@@ -992,14 +851,11 @@ config resolve_config(const config_sources& sources) {
                                            "or the [[routes]] of {}",
                                            shortcut->key, f.name()));
         }
-        pending_destination d;
-        d.name = std::string(default_destination);
-        d.declared = *shortcut;
-        d.settings = defaults;
+        pending_destination d{std::string(default_destination), transport::webhook, {}, defaults, *shortcut};
         if (*shortcut_url == "stdout") {
             d.kind = transport::stdout_lines;
         } else {
-            d.url = {url_checked(*shortcut_url, *shortcut), *shortcut};
+            d.url = url_checked(*shortcut_url, *shortcut);
         }
         destinations.push_back(std::move(d));
         routes.push_back({{">"}, {std::string(default_destination)}});
@@ -1031,134 +887,23 @@ config resolve_config(const config_sources& sources) {
         }
     }
 
-    if (top.database_url.value.empty() && sources.database_required) {
+    const auto& database_url = top.values.database_url;
+    if (database_url.empty() && sources.database_required) {
         throw config_error("no database URL: give --database-url, DATABASE_URL or database.url in the configuration file");
     }
-    if (sources.database_url_error && !top.database_url.value.empty()) {
-        if (const auto error = sources.database_url_error(top.database_url.value)) {
-            fail(top.database_url.from, database_url_complaint(top.database_url.value, *error));
+    if (sources.database_url_error && !database_url.empty()) {
+        if (const auto error = sources.database_url_error(database_url)) {
+            fail(top.origin_of("database.url"), database_url_complaint(database_url, *error));
         }
     }
     for (const auto& d : destinations) check_destination(d, top);
 
-    config c;
-    c.database_url = std::move(top.database_url.value);
-    c.schema = std::move(top.schema.value);
-    c.db_connect_timeout = top.db_connect_timeout.value;
-    c.db_keepalive_timeout = top.db_keepalive_timeout.value;
-    c.db_statement_timeout = top.db_statement_timeout.value;
-    c.log_level = std::move(top.log_level.value);
-    c.concurrency = top.concurrency.value;
-    c.lease = top.lease.value;
-    c.sweep_interval = top.sweep_interval.value;
-    c.shutdown_timeout = top.shutdown_timeout.value;
-    c.idempotency_retention = top.idempotency_retention.value;
-    c.dead_letter_retention = top.dead_letter_retention.value;
-    c.block_private_addresses = top.block_private_addresses.value;
-    for (auto& d : destinations) {
-        // Unset, a destination may use every delivery slot of the relay: a
-        // lower built-in limit would defer deliveries for no reason.
-        auto& limit = d.settings.max_concurrency;
-        if (limit.from.k == origin::kind::builtin) limit.value = c.concurrency;
-        c.destinations.push_back(to_config(std::move(d)));
-    }
+    config c = std::move(top.values);
+    for (auto& d : destinations) c.destinations.push_back(to_config(std::move(d), c.concurrency));
     c.routes = std::move(routes);
-    c.default_retry.base = defaults.retry_base.value;
-    c.default_retry.cap = defaults.retry_cap.value;
-    c.default_retry.max_attempts = defaults.max_attempts.value;
-    c.default_retry.permanent_statuses = defaults.permanent_statuses.value;
-    c.default_retry.throttle_statuses = defaults.throttle_statuses.value;
+    // [defaults.retry] after environment and flags: for events no route matches.
+    c.default_retry = std::move(defaults.values.retry);
     return c;
-}
-
-// ---- render_config --------------------------------------------------------------------------
-
-namespace {
-
-std::string duration_value(milliseconds d) { return quoted(format_duration(d)); }
-
-template <typename Range, typename F>
-std::string array_value(const Range& items, F&& item) {
-    std::string out = "[";
-    bool first = true;
-    for (const auto& i : items) {
-        if (!first) out += ", ";
-        first = false;
-        out += item(i);
-    }
-    out += "]";
-    return out;
-}
-
-std::string url_text(const endpoint_url& u) { return loggable_url(u); }
-
-}  // namespace
-
-std::string render_config(const config& c) {
-    std::string out;
-    auto line = [&](std::string_view key, const std::string& value) {
-        out += fmt::format("{} = {}\n", key, value);
-    };
-    out += "# The effective configuration of outboxd; secrets are shown as \"<redacted>\".\n\n";
-    out += "[database]\n";
-    line("url", quoted(redact_dsn(c.database_url)));
-    line("schema", quoted(c.schema));
-    line("connect_timeout", duration_value(c.db_connect_timeout));
-    line("keepalive_timeout", duration_value(c.db_keepalive_timeout));
-    line("statement_timeout", duration_value(c.db_statement_timeout));
-    out += "\n[relay]\n";
-    line("concurrency", fmt::format("{}", c.concurrency));
-    line("lease", duration_value(c.lease));
-    line("sweep_interval", duration_value(c.sweep_interval));
-    line("shutdown_timeout", duration_value(c.shutdown_timeout));
-    line("log_level", quoted(c.log_level));
-    line("idempotency_retention", duration_value(c.idempotency_retention));
-    line("dead_letter_retention", duration_value(c.dead_letter_retention));
-    out += "\n[egress]\n";
-    line("block_private_addresses", c.block_private_addresses ? "true" : "false");
-    const auto number = [](unsigned s) { return fmt::format("{}", s); };
-    const auto string = [](const std::string& s) { return quoted(s); };
-    for (const auto& d : c.destinations) {
-        const auto table = fmt::format("destinations.{}", key_text(d.name));
-        out += fmt::format("\n[{}]\n", table);
-        if (d.kind == transport::webhook) {
-            line("type", quoted("webhook"));
-            line("url", quoted(url_text(d.url)));
-            line("connect_timeout", duration_value(d.connect_timeout));
-            line("request_timeout", duration_value(d.request_timeout));
-            line("max_concurrency", fmt::format("{}", d.max_concurrency));
-            line("signing_secrets", array_value(d.signing_secrets, [](const auto&) { return quoted(redacted); }));
-            std::string headers = "{";
-            for (std::size_t i = 0; i < d.headers.size(); ++i) {
-                headers += fmt::format("{} {} = {}", i == 0 ? "" : ",", key_text(d.headers[i].first), quoted(redacted));
-            }
-            headers += d.headers.empty() ? "}" : " }";
-            line("headers", headers);
-        } else {
-            line("type", quoted("stdout"));
-        }
-        out += fmt::format("\n[{}.retry]\n", table);
-        line("base", duration_value(d.retry.base));
-        line("cap", duration_value(d.retry.cap));
-        line("max_attempts", fmt::format("{}", d.retry.max_attempts));
-        line("permanent_statuses", array_value(d.retry.permanent_statuses, number));
-        line("throttle_statuses", array_value(d.retry.throttle_statuses, number));
-        if (d.kind == transport::webhook) {
-            out += fmt::format("\n[{}.tls]\n", table);
-            line("verify", d.tls.verify ? "true" : "false");
-            if (d.tls.ca_file) {
-                line("ca_file", quoted(*d.tls.ca_file));
-            } else {
-                out += "# ca_file: not set, the system's CA certificates\n";
-            }
-        }
-    }
-    for (const auto& r : c.routes) {
-        out += "\n[[routes]]\n";
-        line("topics", array_value(r.topics, string));
-        line("destinations", array_value(r.destinations, string));
-    }
-    return out;
 }
 
 }  // namespace outboxd

@@ -75,6 +75,7 @@ struct config {
     // and outboxd gives up on one not answered within this plus 2 s. 0: none.
     std::chrono::milliseconds db_statement_timeout{5'000};
     std::string log_level = "info";
+    std::string log_format = "logfmt";   // or "json": how log records are written
     std::size_t concurrency = 32;         // deliveries in flight at most, all destinations
     std::chrono::milliseconds lease{30'000};
     std::chrono::milliseconds sweep_interval{30'000};
@@ -123,5 +124,25 @@ struct config_sources {
 
 // The effective configuration as TOML, every secret replaced by "<redacted>".
 [[nodiscard]] std::string render_config(const config& c);
+
+// Every setting as a user spells it, from the settings table
+// (config_table.cpp): what README.md's configuration reference must say.
+struct setting_spelling {
+    std::string_view key;      // file key; a destination's is relative: "retry.base"
+    bool per_destination;      // in [defaults] and [destinations.NAME]
+    std::string_view env;      // "" when none
+    std::string_view flag;     // without "--"; "" when none
+    std::string default_text;  // how the README's default cell starts: `"30s"`, (required)
+};
+[[nodiscard]] std::vector<setting_spelling> setting_spellings();
+
+// The flags the configuration reads, for the command line's option list.
+struct config_flag {
+    std::string_view name;  // without "--"
+    bool every_command;     // else only `run` and `check-config` take it
+    bool takes_value;       // false: a switch (--block-private-addresses)
+    bool repeatable;        // --signing-secret
+};
+[[nodiscard]] std::vector<config_flag> config_flags();
 
 }  // namespace outboxd

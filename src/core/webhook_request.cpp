@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <string_view>
 
 #include <fmt/format.h>
+
+#include "core/http_token.hpp"
 
 namespace outboxd {
 namespace {
@@ -23,15 +24,6 @@ bool starts_with_ci(std::string_view s, std::string_view lower_prefix) noexcept 
 bool same_header_name(std::string_view a, std::string_view b) noexcept {
     return a.size() == b.size() &&
            std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return lower(x) == lower(y); });
-}
-
-// RFC 9110 token characters.
-bool is_header_name(std::string_view s) noexcept {
-    if (s.empty()) return false;
-    return std::all_of(s.begin(), s.end(), [](char ch) {
-        const auto c = static_cast<unsigned char>(ch);
-        return std::isalnum(c) || std::string_view("!#$%&'*+-.^_`|~").find(ch) != std::string_view::npos;
-    });
 }
 
 bool is_header_value(std::string_view s) noexcept {
@@ -63,7 +55,7 @@ request_headers_result build_request_headers(const event& e, std::int64_t unix_s
         return out;
     }
     for (const auto& [name, value] : e.headers) {
-        if (!is_header_name(name)) {
+        if (!is_http_token(name)) {
             out.error = fmt::format("event header name is not a valid HTTP token: '{}'", name);
             return out;
         }

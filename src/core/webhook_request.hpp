@@ -35,9 +35,8 @@ struct request_headers_result {
 // replaced (configuration refuses them; skipped here too).
 void add_destination_headers(header_list& headers, const header_list& destination_headers);
 
-// The rules above, shared with the static headers of the configuration.
-// An RFC 9110 token: what a header name may be.
-[[nodiscard]] bool is_header_name(std::string_view name) noexcept;
+// The rules above, shared with the static headers of the configuration
+// (header names: core/http_token.hpp).
 // No CR, LF, NUL or other control character except HTAB.
 [[nodiscard]] bool is_header_value(std::string_view value) noexcept;
 // ASCII case-insensitive equality: how header names compare.

@@ -19,6 +19,7 @@
 #include <boost/asio/post.hpp>
 #include <fmt/format.h>
 
+#include "core/http_token.hpp"
 #include "http/failure_description.hpp"
 #include "http/name_lookup.hpp"
 #include "http/tls_context.hpp"
@@ -29,19 +30,13 @@ namespace net = boost::asio;
 
 namespace {
 
-// RFC 9110 token characters, for header names.
-bool is_token_char(char c) noexcept {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
-    return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
 // Defence in depth against header injection: the caller validates headers,
 // but a CR/LF in a value would let an event row rewrite our request framing.
 // Returns an error (without the value) or an empty string.
 std::string check_headers(const header_list& headers) {
     for (std::size_t i = 0; i < headers.size(); ++i) {
         auto const& [name, value] = headers[i];
-        if (name.empty() || !std::all_of(name.begin(), name.end(), is_token_char)) {
+        if (!is_http_token(name)) {
             return fmt::format("refusing to send extra header #{}: invalid header name", i + 1);
         }
         for (char ch : value) {

@@ -84,6 +84,14 @@ def test_usage_errors_exit_2(outboxd, database_url, schema, args):
     assert r.rc == EXIT_USAGE, r
 
 
+def test_an_integer_option_has_the_configuration_s_message(outboxd):
+    """`dead replay --id` says what `--concurrency` says about a bad integer
+    (one parser, one message); it is refused before any database is needed."""
+    r = outboxd("--database-url", "postgresql://127.0.0.1:9/none", "dead", "replay", "--id", "x1")
+    assert r.rc == EXIT_USAGE, r
+    assert r.stderr == ('outboxd: --id: expected an integer from 1 to 9223372036854775807, got "x1"\n'), r
+
+
 # ---------------------------------------------------------------- invalid input
 @pytest.mark.parametrize("payload", ['{"a":', "not json", "{'single': 'quotes'}", ""],
                          ids=["truncated", "bare-word", "single-quotes", "empty"])

@@ -229,3 +229,19 @@ def test_database_commands_do_not_need_the_delivery_secrets(outboxd, database_ur
         import psycopg2
         with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
             cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_log_format_is_a_global_option_read_like_log_level(outboxd):
+    """--log-format (and OUTBOXD_LOG_FORMAT, relay.log_format) is accepted
+    before or after any command, validated and shown by check-config."""
+    base = ("--database-url", "postgresql://127.0.0.1:9/none", "--url", "stdout")
+    r = outboxd("--log-format", "json", "check-config", *base)
+    assert r.rc == 0, r
+    assert tomllib.loads(r.stdout)["relay"]["log_format"] == "json"
+    r = outboxd("check-config", *base, env={"OUTBOXD_LOG_FORMAT": "json"})
+    assert r.rc == 0 and tomllib.loads(r.stdout)["relay"]["log_format"] == "json", r
+    r = outboxd("check-config", *base, "--log-format", "xml")
+    assert r.rc == 2, r
+    assert r.stderr == 'outboxd: --log-format: expected logfmt or json, got "xml"\n', r
+    r = outboxd("sql", "--log-format", "json")  # every command, like --log-level
+    assert r.rc == 0, r

@@ -1130,3 +1130,103 @@ TEST_CASE("config: database timeouts from the file, environment and flags, with 
     bad.flags["database-keepalive-timeout"] = {"500ms"};
     CHECK(error_of(bad) == "--database-keepalive-timeout: expected a duration of at least 1s, got \"500ms\"");
 }
+
+TEST_CASE("config: log_format from the file, environment and flags, next to log_level") {
+    fake f;
+    f.env["DATABASE_URL"] = "postgresql://db/app";
+    f.flags["url"] = {"stdout"};
+    CHECK(resolve(f).log_format == "logfmt");
+    f.file = "[relay]\nlog_format = \"json\"\n";
+    CHECK(resolve(f).log_format == "json");
+    CHECK(render_config(resolve(f)).find("log_level = \"info\"\nlog_format = \"json\"\n") != std::string::npos);
+    f.file = "[relay]\nlog_format = \"logfmt\"\n";
+    f.env["OUTBOXD_LOG_FORMAT"] = "json";
+    CHECK(resolve(f).log_format == "json");
+    f.flags["log-format"] = {"logfmt"};
+    CHECK(resolve(f).log_format == "logfmt");
+
+    fake bad = file_only("[relay]\nlog_format = \"xml\"\n");
+    bad.flags["url"] = {"stdout"};
+    CHECK(error_of(bad) == "t.toml:2:1: relay.log_format: expected logfmt or json, got \"xml\"");
+    bad.file = "[relay]\nlog_format = 1\n";
+    CHECK(error_of(bad) == "t.toml:2:1: relay.log_format: expected logfmt or json, got 1");
+    bad.file = "[defaults]\nlog_format = \"json\"\n";
+    CHECK(error_of(bad) == "t.toml:2:1: unknown key defaults.log_format; did you mean relay.log_format?");
+    bad.file.clear();
+    bad.env["OUTBOXD_LOG_FORMAT"] = "JSON";
+    CHECK(error_of(bad) == "OUTBOXD_LOG_FORMAT: expected logfmt or json, got \"JSON\"");
+    bad.env.erase("OUTBOXD_LOG_FORMAT");
+    bad.flags["log-format"] = {"text"};
+    CHECK(error_of(bad) == "--log-format: expected logfmt or json, got \"text\"");
+}
+
+namespace {
+
+// The rows of one "### <heading>" table of README.md's Configuration
+// section, by file key: the flag, environment and default cells.
+struct readme_row {
+    std::string flag, env, default_value;
+};
+
+std::string fmt_heading(std::string_view heading) { return "### " + std::string(heading) + "\n"; }
+
+std::map<std::string, readme_row, std::less<>> readme_table(const std::string& readme, std::string_view heading) {
+    std::map<std::string, readme_row, std::less<>> out;
+    const auto start = readme.find(fmt_heading(heading));
+    REQUIRE_MESSAGE(start != std::string::npos, heading);
+    const auto end = readme.find("\n#", start + 1);
+    std::istringstream lines(readme.substr(start, end - start));
+    for (std::string line; std::getline(lines, line);) {
+        if (!line.starts_with("| `")) continue;
+        std::vector<std::string> cells;
+        std::size_t pos = 1;
+        while (cells.size() < 4) {
+            const auto bar = line.find(" |", pos);
+            REQUIRE_MESSAGE(bar != std::string::npos, line);
+            auto cell = line.substr(pos, bar - pos);
+            while (!cell.empty() && cell.front() == ' ') cell.erase(0, 1);
+            cells.push_back(cell);
+            pos = bar + 2;
+        }
+        REQUIRE_MESSAGE(cells[0].size() > 2, line);
+        const auto key = cells[0].substr(1, cells[0].size() - 2);
+        CHECK_MESSAGE(!out.contains(key), "documented twice: " << key);
+        out[key] = {cells[1], cells[2], cells[3]};
+    }
+    return out;
+}
+
+// A cell that names `name` starts with it in backticks ("`--ca-file`", or
+// "`--signing-secret` (repeatable ...)"); no name, an empty cell.
+bool names(const std::string& cell, std::string_view name) {
+    if (name.empty()) return cell.empty();
+    const auto ticked = "`" + std::string(name) + "`";
+    return cell.starts_with(ticked);
+}
+
+}  // namespace
+
+TEST_CASE("config: README.md documents every setting of the table, and nothing else, with its spellings and default") {
+    const auto readme = read_file(OUTBOXD_README);
+    auto relay = readme_table(readme, "Settings of the relay");
+    auto destination = readme_table(readme, "Settings of each destination");
+    for (const auto& s : setting_spellings()) {
+        auto& documented = s.per_destination ? destination : relay;
+        CAPTURE(s.key);
+        const auto row = documented.find(s.key);
+        if (row == documented.end()) {
+            FAIL_CHECK("not in README.md's configuration tables: " << s.key);
+            continue;
+        }
+        const auto flag = s.flag.empty() ? std::string() : "--" + std::string(s.flag);
+        CHECK_MESSAGE(names(row->second.flag, flag), "flag cell: " << row->second.flag << ", expected " << flag);
+        CHECK_MESSAGE(names(row->second.env, s.env), "environment cell: " << row->second.env << ", expected " << s.env);
+        CHECK_MESSAGE(row->second.default_value.starts_with(s.default_text),
+                      "default cell: " << row->second.default_value << ", expected " << s.default_text);
+        documented.erase(row);
+    }
+    for (const auto& [key, _] : relay) FAIL_CHECK("README.md documents a relay setting the table lacks: " << key);
+    for (const auto& [key, _] : destination) {
+        FAIL_CHECK("README.md documents a destination setting the table lacks: " << key);
+    }
+}
