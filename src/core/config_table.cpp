@@ -54,7 +54,7 @@ constexpr row<config> relay_table[] = {
      member<&c::block_private_addresses>},
 };
 
-// In this order in a rendered destination; retry.* and tls.* are sub-tables.
+// In this order in a rendered destination; retry.*, circuit.* and tls.* are sub-tables.
 constexpr row<destination_config> destination_table[] = {
     // file key, environment, flag, value, member[, flag for, by_env_key, default in words]
     {"connect_timeout", "OUTBOXD_CONNECT_TIMEOUT", "connect-timeout", duration(1ms), member<&d::connect_timeout>},
@@ -72,6 +72,10 @@ constexpr row<destination_config> destination_table[] = {
      member<&d::retry, &retry_policy::permanent_statuses>},
     {"retry.throttle_statuses", "OUTBOXD_THROTTLE_STATUSES", "throttle-statuses", statuses(),
      member<&d::retry, &retry_policy::throttle_statuses>},
+    {"circuit.failures", "OUTBOXD_CIRCUIT_FAILURES", "circuit-failures", integer(0, 1000),
+     member<&d::circuit, &circuit_settings::failures_to_open>},
+    {"circuit.longest_probe", "OUTBOXD_CIRCUIT_LONGEST_PROBE", "circuit-longest-probe", duration(100ms),
+     member<&d::circuit, &circuit_settings::longest_probe>},
     {"tls.verify", "OUTBOXD_INSECURE_SKIP_TLS_VERIFY", "insecure-skip-tls-verify", boolean_negated_outside_file(),
      member<&d::tls, &tls_settings::verify>},
     {"tls.ca_file", "OUTBOXD_CA_FILE", "ca-file", file_name(), member<&d::tls, &tls_settings::ca_file>, run, {},
