@@ -380,6 +380,9 @@ def header(descs):
             out.append("    [[nodiscard]] static std::string text(std::string_view schema);")
         out.append("};")
         out.append("")
+    out.append("// Every statement, for tests that check them all against PostgreSQL.")
+    out.append(f"using all = std::tuple<{', '.join(d.name for d in descs)}>;")
+    out.append("")
     out += ["}  // namespace outboxd::pg::q", ""]
     return "\n".join(out)
 
