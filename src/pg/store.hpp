@@ -127,9 +127,9 @@ public:
     // a literal LIMIT per prepared size, so their generic plans are the good
     // ones, and PostgreSQL would otherwise re-plan the drain-mode claim at
     // every call (its custom plans look cheaper as the watermark advances).
-    // (bench/NOTES.md, "Database"). The session also turns off seq scans,
-    // bitmap scans and sorts (plan_once_settings()), so a plan made while the
-    // outbox is empty or small still reads its index in claim order.
+    // (bench/NOTES.md, "Database"). The session also turns off seq scans and
+    // bitmap scans (plan_once_settings()), so a plan made while the outbox is
+    // empty or small still reads its index in claim order.
     // destinations: the relay's configured destinations; its claims report
     // only their deliveries as due (nullopt: any destination's).
     // statement_timeout (0: none): the session's statement_timeout and
