@@ -328,6 +328,8 @@ def descriptors(queries):
                 check_ident("queries.sql", f"placeholder of {vname}", s)
             if len(set(slots)) != len(slots):
                 fail(f"{where}: placeholder :{slots[0]} appears twice; fill it once")
+            if any(d.name == vname for d in out):
+                fail(f"{where}: another query or variant is named {vname}")
             out.append(Descriptor(vname, index, params, columns, pieces, slots))
     return out
 
