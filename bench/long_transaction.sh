@@ -16,18 +16,16 @@ cd "$(dirname "$0")/.."
 hold=${1:-120}
 rate=${2:-300}
 
-dir=$(mktemp -d /tmp/outboxd-longtx.XXXXXX)
-chmod 755 "$dir"
+source scripts/throwaway_pg.sh
+throwaway_dir dir outboxd-longtx
 pgdir=$dir/pg
 pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  scripts/pg.sh stop "$pgdir" >/dev/null 2>&1 || true
-  rm -rf "$dir"
+stop_children() {
+  for p in "${pids[@]+"${pids[@]}"}"; do kill "$p" 2>/dev/null || true; done
 }
-trap cleanup EXIT
 
-scripts/pg.sh start "$pgdir" >/dev/null
+throwaway_pg_start "$pgdir"
+on_exit stop_children
 scripts/pg.sh stop "$pgdir" >/dev/null
 printf "shared_preload_libraries = 'pg_stat_statements'\n" >> "$pgdir/postgresql.conf"
 url=$(scripts/pg.sh start "$pgdir" | tail -1)

@@ -18,24 +18,22 @@ mode=${1:-}
 [[ $mode == backlog || $mode == paced ]] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 n=${2:-100000}
 
-dir=$(mktemp -d /tmp/outboxd-profile.XXXXXX)
-chmod 755 "$dir"
+source scripts/throwaway_pg.sh
+throwaway_dir dir outboxd-profile
 pgdir=$dir/pg
 relay_pid=
 receiver_pid=
-cleanup() {
+stop_children() {
   [[ -n $relay_pid ]] && kill "$relay_pid" 2>/dev/null || true
   [[ -n $receiver_pid ]] && kill "$receiver_pid" 2>/dev/null || true
-  scripts/pg.sh stop "$pgdir" >/dev/null 2>&1 || true
-  rm -rf "$dir"
 }
-trap cleanup EXIT
 
-scripts/pg.sh start "$pgdir" >/dev/null
+throwaway_pg_start "$pgdir"
 scripts/pg.sh stop "$pgdir" >/dev/null
 printf "shared_preload_libraries = 'pg_stat_statements'\npg_stat_statements.track_planning = on\n" \
   >> "$pgdir/postgresql.conf"
 url=$(scripts/pg.sh start "$pgdir" | tail -1)
+on_exit stop_children
 psql -X -q "$url" -c "CREATE EXTENSION pg_stat_statements"
 build/outboxd migrate --database-url "$url" --schema outbox 2>/dev/null
 

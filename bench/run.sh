@@ -54,35 +54,34 @@ if ((build)); then
   scripts/build.sh >&2
 fi
 
-# Under /tmp so that the postgres OS user can reach the data directory.
+source scripts/throwaway_pg.sh
+# Made by hand, not throwaway_dir: --keep-raw keeps part of it.
 work=$(mktemp -d /tmp/outboxd-bench.XXXXXX)
 chmod 755 "$work"
 pgdir="$work/pg"
 raw="$work/raw"
 py_pid=
 
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  if [[ -n $py_pid ]] && kill -0 "$py_pid" 2>/dev/null; then
-    kill -TERM "$py_pid" 2>/dev/null || true
-    wait "$py_pid" 2>/dev/null || true
-  fi
-  scripts/pg.sh stop "$pgdir" >/dev/null 2>&1 || true
+remove_work() {
   if ((keep_raw)); then
     rm -rf "$pgdir"
     echo "[bench] raw files kept in $raw (rebuild the table: $python bench/analyze.py $raw)" >&2
   else
     rm -rf "$work"
   fi
-  exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+stop_orchestrator() {
+  if [[ -n $py_pid ]] && kill -0 "$py_pid" 2>/dev/null; then
+    kill -TERM "$py_pid" 2>/dev/null || true
+    wait "$py_pid" 2>/dev/null || true
+  fi
+}
+on_exit remove_work
 
 echo "[bench] starting PostgreSQL in $pgdir (fsync and synchronous_commit on)" >&2
-url=$(scripts/pg.sh start "$pgdir" | tail -n 1)
+throwaway_pg_start "$pgdir"
+url=$PG_URL
+on_exit stop_orchestrator
 build/outboxd --database-url "$url" migrate >&2
 build/bench/outboxd-bench-baseline --database-url "$url" --setup
 

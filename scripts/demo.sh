@@ -21,15 +21,10 @@ cd "$root"
 "$root/scripts/build.sh" outboxd:executable
 
 if [[ -z ${DATABASE_URL:-} ]]; then
-  pgdir=$(mktemp -d /tmp/outboxd-demo.XXXXXX)
-  cleanup() {
-    "$root/scripts/pg.sh" stop "$pgdir" || true
-    rm -rf "$pgdir"
-  }
-  trap cleanup EXIT
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
-  DATABASE_URL=$("$root/scripts/pg.sh" start "$pgdir" | tail -n 1)
+  source "$root/scripts/throwaway_pg.sh"
+  throwaway_dir pgdir outboxd-demo
+  throwaway_pg_start "$pgdir"
+  DATABASE_URL=$PG_URL
   echo "demo.sh: throwaway PostgreSQL at $DATABASE_URL" >&2
 else
   export OUTBOXD_SCHEMA=${OUTBOXD_SCHEMA:-outbox_demo}

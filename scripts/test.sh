@@ -19,19 +19,10 @@ cd "$root"
 
 "$root/scripts/build.sh"
 
-# Always /tmp, not $TMPDIR: as root the server runs as user postgres, which
-# must be able to reach the directory.
-pgdir=$(mktemp -d /tmp/outboxd-test.XXXXXX)
-cleanup() {
-  "$root/scripts/pg.sh" stop "$pgdir" || true
-  rm -rf "$pgdir"
-}
-trap cleanup EXIT
-# Turn signals into a normal exit so the EXIT trap runs.
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-url=$("$root/scripts/pg.sh" --fast start "$pgdir" | tail -n 1)
+source "$root/scripts/throwaway_pg.sh"
+throwaway_dir pgdir outboxd-test
+throwaway_pg_start "$pgdir" --fast
+url=$PG_URL
 export OUTBOXD_TEST_DATABASE_URL=$url
 export OUTBOXD_TEST_PG_SCRIPT=$root/scripts/pg.sh
 echo "test.sh: PostgreSQL at $url (data in $pgdir)" >&2

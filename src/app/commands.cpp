@@ -34,9 +34,10 @@
 #include "core/topic_pattern.hpp"
 #include "pg/conninfo.hpp"
 #include "pg/dead_letters.hpp"
+#include "pg/producer.hpp"
+#include "pg/status.hpp"
 #include "pg/migrator.hpp"
 #include "pg/named_queries.hpp"
-#include "pg/store.hpp"
 
 namespace outboxd::app {
 namespace {
@@ -224,17 +225,17 @@ int cmd_enqueue(const parsed_args& args) {
     e.headers = headers.dump();
     e.delay = duration_option(args, "delay", std::chrono::milliseconds(0));
 
-    pg::store store(dsn, schema, "");
+    pg::producer producer(dsn, schema);
     try {
-        store.connect();
+        producer.connect();
     } catch (const std::exception& err) {
         throw database_unavailable(err, dsn);
     }
     try {
         // Read before the event is written: once it is committed, nothing
         // may fail the command (a retrying script would enqueue it twice).
-        const auto prefix = with_installed_outbox(schema, [&] { return store.message_prefix(); });
-        const auto id = with_installed_outbox(schema, [&] { return store.enqueue(e); });
+        const auto prefix = with_installed_outbox(schema, [&] { return producer.message_prefix(); });
+        const auto id = with_installed_outbox(schema, [&] { return producer.enqueue(e); });
         // The id on stdout (for scripts), and the webhook-id consumers will see.
         std::cout << id << '\n';
         log::info("enqueued", {{"event_id", fmt::format("{}", id)}, {"message_id", fmt::format("{}{}", prefix, id)}});

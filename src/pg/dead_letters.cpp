@@ -5,6 +5,7 @@
 
 #include "pg/named_queries.hpp"
 #include "pg/params.hpp"
+#include "pg/typed_query.hpp"
 
 namespace outboxd::pg {
 namespace {
@@ -23,94 +24,89 @@ std::string text_or_empty(const pqxx::field& f) { return f.is_null() ? std::stri
 
 std::vector<dead_letter> list_dead(pqxx::connection& conn, const std::string& schema, const dead_filter& filter,
                                    std::size_t limit) {
-    const query_book q(schema);
+    const query_book book(schema);
     pqxx::nontransaction tx(conn);
     const auto older = as_text(filter.older_than);
-    const auto r = tx.exec_params(q.sql("dead_list"), nullable(filter.topic), nullable(older),
-                                  static_cast<long long>(limit));
+    const auto r = exec_params(tx, book,
+                               q::dead_list::args{.topic_regex = nullable(filter.topic),
+                                                  .older_than_ms = nullable(older),
+                                                  .max_rows = static_cast<long long>(limit)});
+    using col = q::dead_list::col;
     std::vector<dead_letter> out;
     for (const auto& row : r) {
         dead_letter d;
-        d.id = row[0].as<std::int64_t>();
-        d.topic = row[1].c_str();
-        if (!row[2].is_null()) d.ordering_key = row[2].c_str();
-        d.attempts = row[3].as<int>();
-        if (!row[4].is_null()) d.last_status = row[4].as<int>();
-        d.last_error = text_or_empty(row[5]);
-        d.response_excerpt = text_or_empty(row[6]);
-        d.created_at = row[7].c_str();
-        d.died_at = row[8].c_str();
-        d.payload = row[9].c_str();
-        if (!row[10].is_null()) d.destination = row[10].c_str();
-        d.message_id = row[11].c_str();
+        d.id = row[col::id].as<std::int64_t>();
+        d.topic = row[col::topic].c_str();
+        if (!row[col::ordering_key].is_null()) d.ordering_key = row[col::ordering_key].c_str();
+        d.attempts = row[col::attempts].as<int>();
+        if (!row[col::last_status].is_null()) d.last_status = row[col::last_status].as<int>();
+        d.last_error = text_or_empty(row[col::last_error]);
+        d.response_excerpt = text_or_empty(row[col::response_excerpt]);
+        d.created_at = row[col::created_at].c_str();
+        d.died_at = row[col::died_at].c_str();
+        d.payload = row[col::payload].c_str();
+        if (!row[col::destination].is_null()) d.destination = row[col::destination].c_str();
+        d.message_id = row[col::message_id].c_str();
         out.push_back(std::move(d));
     }
     return out;
 }
 
 std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string& schema, const dead_filter& filter) {
-    const query_book q(schema);
+    const query_book book(schema);
     pqxx::work tx(conn);
     const auto id = as_text(filter.id);
     const auto older = as_text(filter.older_than);
     // Two statements: the replay must see what a relay that held these
     // events' locks committed (see dead_replay_lock in queries.sql).
-    tx.exec_params(q.sql("dead_replay_serialize"), schema);
+    (void)exec_params(tx, book, q::dead_replay_serialize::args{.schema = schema});
     std::string locked = "{";
-    for (const auto& row :
-         tx.exec_params(q.sql("dead_replay_lock"), nullable(id), nullable(filter.topic), nullable(older))) {
+    for (const auto& row : exec_params(tx, book,
+                                       q::dead_replay_lock::args{.id = nullable(id),
+                                                                 .topic_regex = nullable(filter.topic),
+                                                                 .older_than_ms = nullable(older)})) {
         if (locked.size() > 1) locked.push_back(',');
-        locked += row[0].c_str();
+        locked += row[q::dead_replay_lock::col::id].c_str();
     }
     locked.push_back('}');
-    const auto r =
-        tx.exec_params(q.sql("dead_replay"), nullable(id), nullable(filter.topic), nullable(older), locked);
+    const auto r = exec_params(tx, book,
+                               q::dead_replay::args{.id = nullable(id),
+                                                    .topic_regex = nullable(filter.topic),
+                                                    .older_than_ms = nullable(older),
+                                                    .locked_ids = locked});
     tx.commit();
     std::vector<std::int64_t> ids;
-    for (const auto& row : r) ids.push_back(row[0].as<std::int64_t>());
+    for (const auto& row : r) ids.push_back(row[q::dead_replay::col::id].as<std::int64_t>());
     return ids;
 }
 
 std::size_t count_dead(pqxx::connection& conn, const std::string& schema, const dead_filter& filter) {
-    const query_book q(schema);
+    const query_book book(schema);
     pqxx::nontransaction tx(conn);
     const auto id = as_text(filter.id);
     const auto older = as_text(filter.older_than);
-    return tx.exec_params1(q.sql("dead_replay_left"), nullable(id), nullable(filter.topic), nullable(older))[0]
+    return exec_params(tx, book,
+                       q::dead_replay_left::args{.id = nullable(id),
+                                                 .topic_regex = nullable(filter.topic),
+                                                 .older_than_ms = nullable(older)})
+        .one()[q::dead_replay_left::col::count]
         .as<std::size_t>();
 }
 
 std::size_t purge_dead(pqxx::connection& conn, const std::string& schema, std::chrono::milliseconds older_than,
                        const std::optional<std::string>& topic, bool dry_run) {
-    const query_book q(schema);
+    const query_book book(schema);
     pqxx::work tx(conn);
+    const auto older_ms = static_cast<long long>(older_than.count());
     if (dry_run) {
-        return tx.exec_params1(q.sql("dead_purge_count"), static_cast<long long>(older_than.count()), nullable(topic))[0]
+        return exec_params(tx, book,
+                           q::dead_purge_count::args{.older_than_ms = older_ms, .topic_regex = nullable(topic)})
+            .one()[q::dead_purge_count::col::count]
             .as<std::size_t>();
     }
-    const auto r = tx.exec_params(q.sql("dead_purge"), static_cast<long long>(older_than.count()), nullable(topic));
+    const auto r = exec_params(tx, book, q::dead_purge::args{.older_than_ms = older_ms, .topic_regex = nullable(topic)});
     tx.commit();
     return r.size();
-}
-
-std::vector<topic_status> outbox_status(pqxx::connection& conn, const std::string& schema) {
-    const query_book q(schema);
-    pqxx::nontransaction tx(conn);
-    std::vector<topic_status> out;
-    for (const auto& row : tx.exec(q.sql("status"))) {
-        topic_status t;
-        t.topic = row["topic"].c_str();
-        t.pending = row["pending"].as<std::int64_t>();
-        t.waiting_on_key = row["waiting_on_key"].as<std::int64_t>();
-        t.scheduled = row["scheduled"].as<std::int64_t>();
-        t.in_flight = row["in_flight"].as<std::int64_t>();
-        t.retrying = row["retrying"].as<std::int64_t>();
-        t.dead = row["dead"].as<std::int64_t>();
-        t.oldest_pending_seconds = row["oldest_pending_seconds"].as<double>();
-        if (!row["last_error"].is_null()) t.last_error = row["last_error"].c_str();
-        out.push_back(std::move(t));
-    }
-    return out;
 }
 
 }  // namespace outboxd::pg

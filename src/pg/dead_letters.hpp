@@ -1,6 +1,6 @@
 #pragma once
-// Operator access to dead letters and the outbox's state (the `outboxd dead`
-// and `outboxd status` commands). Plain blocking calls on one connection.
+// Operator access to dead letters (the `outboxd dead` commands). Plain
+// blocking calls on one connection; `outboxd status` is in pg/status.hpp.
 
 #include <chrono>
 #include <cstdint>
@@ -36,23 +36,6 @@ struct dead_letter {
     std::string message_id;  // its webhook-id (sql/0005), the same after a replay
 };
 
-// Work in the outbox per topic, each piece in exactly one state (see the
-// status query in queries.sql): an event, or one destination's delivery of
-// a fanned-out event.
-struct topic_status {
-    std::string topic;
-    std::int64_t pending = 0;         // never attempted, due now
-    std::int64_t waiting_on_key = 0;  // never attempted, due, behind an earlier event of its key
-    std::int64_t scheduled = 0;       // never attempted, not due yet
-    std::int64_t in_flight = 0;       // leased by a relay
-    std::int64_t retrying = 0;        // attempted before, waiting for the next attempt
-    std::int64_t dead = 0;
-    double oldest_pending_seconds = 0;  // how long the oldest due work has been due
-    // The newest error among the topic's waiting events (for a destination's
-    // delivery: "destination: error"), e.g. that no route matches the topic.
-    std::optional<std::string> last_error;
-};
-
 [[nodiscard]] std::vector<dead_letter> list_dead(pqxx::connection& conn, const std::string& schema,
                                                  const dead_filter& filter, std::size_t limit);
 
@@ -72,6 +55,5 @@ struct topic_status {
                                      std::chrono::milliseconds older_than, const std::optional<std::string>& topic,
                                      bool dry_run = false);
 
-[[nodiscard]] std::vector<topic_status> outbox_status(pqxx::connection& conn, const std::string& schema);
 
 }  // namespace outboxd::pg

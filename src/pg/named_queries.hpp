@@ -1,12 +1,16 @@
 #pragma once
 // The runtime statements of src/pg/queries.sql, rendered for one schema.
-// The one place SQL text comes from at run time.
+// The one place SQL text comes from at run time; each statement is named by
+// its descriptor in pg/queries.hpp (q::complete, q::status, ...).
 
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
-namespace pqxx { class connection_base; }
+#include <pqxx/connection_base>
+
+#include "pg/queries.hpp"
 
 namespace outboxd::pg {
 
@@ -14,16 +18,32 @@ class query_book {
 public:
     explicit query_book(std::string_view schema);
 
-    // Throws std::logic_error for an unknown name (a bug, not an input error).
-    [[nodiscard]] const std::string& sql(std::string_view name) const;
+    // Q's text for this schema. Statements with placeholders (the claims)
+    // are rendered by their own Q::text(schema, fills) instead.
+    template <typename Q>
+        requires(!requires { typename Q::fills; })
+    [[nodiscard]] const std::string& sql() const {
+        return rendered_[Q::source];
+    }
 
-    // Declares the named single statements as prepared statements on `conn`
-    // (libpqxx prepares them on first use, under their own names, so server
-    // logs and errors name them too).
-    void prepare(pqxx::connection_base& conn, std::initializer_list<std::string_view> names) const;
+    // Declares the statements as prepared statements on `conn` (libpqxx
+    // prepares them on first use, under their own names, so server logs and
+    // errors name them too).
+    template <typename... Q>
+    void prepare(pqxx::connection_base& conn) const {
+        (conn.prepare(std::string(Q::name), sql<Q>()), ...);
+    }
 
 private:
-    std::vector<std::pair<std::string, std::string>> rendered_;
+    std::vector<std::string> rendered_;  // by position in queries.sql
+};
+
+// A list of statements, for declaring which ones a session prepares.
+template <typename... Q>
+struct query_list {
+    template <typename T>
+    static constexpr bool contains = (std::is_same_v<T, Q> || ...);
+    static void prepare(const query_book& book, pqxx::connection_base& conn) { book.prepare<Q...>(conn); }
 };
 
 }  // namespace outboxd::pg

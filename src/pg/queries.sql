@@ -2,6 +2,14 @@
 -- ("-- name: NAME" starts a block). Embedded into the binary by
 -- tools/embed_sql.py; :"schema" is replaced by the quoted schema name.
 -- Logs name the statement that failed.
+--
+-- The embedder also writes a typed descriptor per statement (pg/queries.hpp,
+-- see tools/embed_sql.py), so code and SQL cannot drift apart unnoticed:
+--   -- params: a, b       names $1, $2 (exactly the numbers the SQL uses)
+--   -- variant V (c): :x = SQL
+--                        the statement V is this one with :x filled in, and
+--                        with the extra parameter c ($3) after the others
+-- Every result column needs a name (a column, a function call, or AS).
 
 -- name: bootstrap
 -- Owned by the migration runner, not by a migration: it must exist before the
@@ -14,26 +22,37 @@ CREATE TABLE IF NOT EXISTS :"schema".schema_migrations (
 );
 
 -- name: migration_lock
+-- params: schema
 -- Session-level: held for the whole `outboxd migrate`, so two migrators run
 -- one after the other, and the second finds nothing left to do.
 SELECT pg_advisory_lock(hashtextextended('outboxd.migrate.' || $1, 0));
 
 -- name: migration_unlock
+-- params: schema
 SELECT pg_advisory_unlock(hashtextextended('outboxd.migrate.' || $1, 0));
 
 -- name: schema_installed
--- $1 = the quoted name of the schema_migrations table.
-SELECT to_regclass($1) IS NOT NULL;
+-- params: migrations_table
+-- The table's name is quoted (it is parsed as SQL).
+SELECT to_regclass($1) IS NOT NULL AS installed;
 
 -- name: schema_version
-SELECT coalesce(max(version), 0) FROM :"schema".schema_migrations;
+SELECT coalesce(max(version), 0) AS version FROM :"schema".schema_migrations;
 
 -- name: record_migration
+-- params: version, migration
 -- Inserted first inside the migration's transaction: a concurrent migrator
 -- that slipped past the lock would fail on the primary key, not apply twice.
 INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 
 -- name: claim
+-- params: owner, lease_ms
+-- variant claim: :after_watermark = true
+-- variant claim: :outside_drain = true
+-- variant claim_from (low_mark): :after_watermark = e.available_at >= $3::timestamptz
+-- variant claim_from: :outside_drain = true
+-- variant claim_after (watermark_at, watermark_id): :after_watermark = (e.available_at, e.id) > ($3::timestamptz, $4::bigint)
+-- variant claim_after: :outside_drain = false
 -- Picks due events and stamps our lease in one short statement; no
 -- transaction stays open while events are delivered. Each goes to every
 -- destination its topic routes to. key_pending says that the event's key
@@ -56,32 +75,28 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- deletes it in the statement that ends the lease) and leases nothing. So a
 -- key never has two events out at once, across any number of relays.
 -- Deliveries are claimed by a statement of their own, run only when some are
--- due (the last column of the extra row): planning this one stays as cheap
--- as it was before destinations existed, and the fast path pays nothing.
--- $1 = lease owner, $2 = lease in ms. :claim_size is a literal: the store
--- prepares one statement per claim size (1, 2, 4, ... 1024), so that
--- PostgreSQL plans each once (a generic plan is as good as a custom one when
--- the LIMIT is known) instead of at every claim; planning cost 0.55 ms per
--- claim, more than executing it. With LIMIT $1 the generic plan is ~100x
--- slower, so the size cannot be a parameter.
--- :after_watermark is also filled in by the store, as `true` or, while a
--- backlog drains, as `(e.available_at, e.id) > ($3, $4)`: the last row the
--- previous (full) claim took. The index entries of rows claimed and deleted
--- before it stay in the index until vacuum; starting the scan behind them,
--- instead of wading through them at every claim, is what keeps a long drain
--- from slowing down as it goes (EXPLAIN BUFFERS: 200-300 index pages per
--- claim after 50,000 events). Rows behind the watermark that arrive late (a
--- long transaction commits an earlier available_at) are claimed as soon as a
--- claim comes back less than full, which ends the drain mode.
--- Outside a drain, :after_watermark is `e.available_at >= $3`: the low mark
--- returned by the previous claim (last column of the extra row), its now()
--- less 5 seconds. A claim that came back less than full took everything
--- due and visible to it, except events of a blocked key; so what may still
--- wait behind its low mark is only what a transaction older than 5 seconds
--- commits later, and events whose key was blocked. The relay claims from
--- the beginning of the index again at every sweep and after a keyed event
--- finished. While a long transaction elsewhere holds back vacuum (and the
--- marking of dead index entries), this keeps each claim from wading
+-- due (deliveries_due): planning this one stays as cheap as it was before
+-- destinations existed, and the fast path pays nothing.
+-- :claim_size is a literal: the store prepares one statement per claim size
+-- (1, 2, 4, ... 1024), so that PostgreSQL plans each once; with LIMIT as a
+-- parameter the generic plan is far slower, and custom plans cost more to
+-- make than the claim costs to run (bench/NOTES.md, "Database").
+-- Three variants, by where the scan starts (:after_watermark):
+-- claim_after, while a backlog drains: behind the last row the previous
+-- (full) claim took. The index entries of rows claimed and deleted before it
+-- stay in the index until vacuum; starting the scan behind them, instead of
+-- wading through them at every claim, keeps a long drain from slowing down
+-- as it goes. Rows behind the watermark that arrive late (a long transaction
+-- commits an earlier available_at) are claimed as soon as a claim comes back
+-- less than full, which ends the drain mode.
+-- claim_from, outside a drain: at the low mark returned by the previous claim
+-- (its now() less 5 seconds). A claim that came back less than full took
+-- everything due and visible to it, except events of a blocked key; so what
+-- may still wait behind its low mark is only what a transaction older than 5
+-- seconds commits later, and events whose key was blocked. The relay runs
+-- `claim`, from the beginning of the index, at every sweep and after a keyed
+-- event finished. While a long transaction elsewhere holds back vacuum (and
+-- the marking of dead index entries), this keeps each claim from wading
 -- through the entries of every event delivered since that transaction began.
 WITH due AS (
     SELECT e.id, e.available_at, e.ordering_key
@@ -127,17 +142,19 @@ claimed AS (
 )
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
-           SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key),
-       NULL::bigint, NULL::boolean, NULL::text, NULL::bigint, c.destinations, NULL::text, NULL::bigint
+           SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key) AS key_pending,
+       NULL::bigint AS next_due_ms, NULL::boolean AS deliveries_due, NULL::text AS watermark_at,
+       NULL::bigint AS watermark_id, c.destinations, NULL::text AS low_mark, NULL::bigint AS picked
 FROM claimed c
 UNION ALL
--- One more row: milliseconds until the earliest work that is not due yet (a
--- retry, a delayed event, a lease expiring), or NULL; and whether deliveries
--- are due. Computed in the same statement, with the same now() and snapshot
+-- One more row (id NULL), which fills the columns from next_due_ms on:
+-- milliseconds until the earliest work that is not due yet (a retry, a
+-- delayed event, a lease expiring), or NULL; and whether deliveries are due.
+-- Computed in the same statement, with the same now() and snapshot
 -- as the claim, so nothing can fall due in a gap between "claim what is due"
 -- and "when is the next one".
--- Not while draining behind a watermark (:outside_drain is filled in as
--- false there, and the planner drops the subqueries): the next claim follows
+-- Not while draining behind a watermark (:outside_drain is false in
+-- claim_after, and the planner drops the subqueries): the next claim follows
 -- at once anyway, and the search would wade through the index entries of
 -- every lease taken and finished during the drain (dead until vacuum),
 -- a little further at each claim. The claim that ends the drain answers it.
@@ -162,6 +179,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 
 -- name: claim_deliveries
+-- params: owner, lease_ms, destinations
 -- Claims due deliveries: one destination's share each of a fanned-out event
 -- (see sql/0002), leased like events. A delivery is due only while no earlier
 -- delivery of its key to the same destination is waiting or leased, and no
@@ -171,11 +189,10 @@ LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC 
 -- destination, across any number of relays.
 -- A delivery whose event row is missing (see bury_orphan_deliveries) is
 -- never claimed: it could not be sent.
--- $1 = lease owner, $2 = lease in ms, $3 = the destinations to claim for:
--- those this relay knows and has a free connection to. A delivery to a
--- destination the relay does not know (another relay's, or one added by a
--- newer configuration during a rolling deploy) is left alone, not failed.
--- :claim_size as in the claim.
+-- destinations: those to claim for, which this relay knows and has a free
+-- connection to. A delivery to a destination the relay does not know
+-- (another relay's, or one added by a newer configuration during a rolling
+-- deploy) is left alone, not failed. :claim_size as in the claim.
 WITH due AS (
     SELECT d.event_id, d.destination, d.ordering_key
     FROM :"schema".deliveries d
@@ -228,11 +245,11 @@ SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attemp
 FROM claimed c JOIN :"schema".events e ON e.id = c.event_id;
 
 -- name: complete
+-- params: ids, attempts, owner
 -- Delivered: the events leave the hot table. Fenced: only rows that still
 -- carry our lease and the attempt number we claimed them with. Their keys'
 -- holds go with them (see the claim); every statement below that ends a
--- lease does the same.
--- $1 = ids, $2 = attempts (parallel arrays), $3 = lease owner.
+-- lease does the same. ids and attempts are parallel arrays.
 WITH gone AS (
     DELETE FROM :"schema".events e
     USING unnest($1::bigint[], $2::integer[]) AS done(id, attempt)
@@ -246,7 +263,8 @@ WITH gone AS (
 SELECT id FROM gone;
 
 -- name: reschedule
--- Failed, to be retried after $4 ms. Fenced like `complete`.
+-- params: id, attempt, owner, delay_ms, error
+-- Failed, to be retried after delay_ms. Fenced like `complete`.
 WITH retried AS (
     UPDATE :"schema".events
     SET available_at = now() + $4 * interval '1 millisecond',
@@ -262,6 +280,7 @@ WITH retried AS (
 SELECT id FROM retried;
 
 -- name: bury
+-- params: id, attempt, owner, error, status, response_excerpt
 -- Failed for good: moved to dead letters in one statement. Fenced like `complete`.
 -- An id can die twice (its event re-inserted under the same id, an outbox
 -- restored with an older id sequence): the newer death replaces the older
@@ -291,6 +310,7 @@ ON CONFLICT (id, destination) DO UPDATE
 RETURNING id;
 
 -- name: release
+-- params: owner
 -- Graceful shutdown: hand back what we hold but could not finish, due now,
 -- so another relay (or our successor) picks it up without waiting for the lease.
 WITH events_released AS (
@@ -315,11 +335,11 @@ UNION ALL
 SELECT event_id FROM deliveries_released;
 
 -- name: fan_out
+-- params: id, attempt, owner
 -- Some destination failed (or the event's key has deliveries waiting): park
 -- the event and let each destination it still owes carry its own state from
 -- here. Fenced like `complete`; the rows to write follow in
 -- fan_out_deliveries and fan_out_dead, in the same transaction.
--- $1 = id, $2 = attempt, $3 = lease owner.
 WITH parked AS (
     UPDATE :"schema".events
     SET fanned_out = true, available_at = 'infinity', lease_owner = NULL
@@ -333,8 +353,9 @@ WITH parked AS (
 SELECT id FROM parked;
 
 -- name: fan_out_deliveries
--- $1 = event id; parallel arrays: $2 destinations, $3 due in ms, $4 attempts
--- made there so far, $5 last error there (NULL if none yet).
+-- params: id, destinations, due_ms, attempts, errors
+-- Parallel arrays, one element per destination: when it is due, the attempts
+-- made there so far, the last error there (NULL if none yet).
 INSERT INTO :"schema".deliveries (event_id, destination, ordering_key, available_at, attempts, last_error)
 SELECT e.id, d.destination, e.ordering_key, now() + d.due_ms * interval '1 millisecond', d.attempts, d.error
 FROM :"schema".events e,
@@ -343,10 +364,10 @@ WHERE e.id = $1
 ON CONFLICT (event_id, destination) DO NOTHING;
 
 -- name: fan_out_dead
--- One destination's delivery of event $1 failed for good. Replaces an
--- earlier dead letter of the event there, as in `bury`.
--- $2 = destination, $3 = attempts there, $4 = error, $5 = HTTP status or NULL,
--- $6 = response excerpt.
+-- params: id, destination, attempts, error, status, response_excerpt
+-- One destination's delivery of the event failed for good. Replaces an
+-- earlier dead letter of the event there, as in `bury`. status: the HTTP
+-- status, or NULL.
 INSERT INTO :"schema".dead_letters
     (id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
      last_error, last_status, response_excerpt, destination)
@@ -360,14 +381,16 @@ ON CONFLICT (id, destination) DO UPDATE
         last_status = excluded.last_status, response_excerpt = excluded.response_excerpt, died_at = now();
 
 -- name: lock_events
+-- params: ids
 -- Taken (in id order, so two relays cannot deadlock) before finishing
 -- deliveries of these events: the relay that finishes the last delivery of
 -- an event is then sure to see that it was the last, and deletes the event.
 SELECT id FROM :"schema".events WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE;
 
 -- name: complete_deliveries
--- Delivered to one destination each. Fenced on lease owner and attempt.
--- $1 = event ids, $2 = destinations, $3 = attempts (parallel), $4 = lease owner.
+-- params: ids, destinations, attempts, owner
+-- Delivered to one destination each (parallel arrays). Fenced on lease
+-- owner and attempt.
 WITH gone AS (
     DELETE FROM :"schema".deliveries d
     USING unnest($1::bigint[], $2::text[], $3::integer[]) AS done(id, destination, attempt)
@@ -383,8 +406,8 @@ WITH gone AS (
 SELECT event_id FROM gone;
 
 -- name: reschedule_delivery
--- $1 = event id, $2 = destination, $3 = attempt, $4 = lease owner,
--- $5 = retry in ms, $6 = error. Fenced.
+-- params: id, destination, attempt, owner, delay_ms, error
+-- Fenced.
 WITH retried AS (
     UPDATE :"schema".deliveries
     SET available_at = now() + $5 * interval '1 millisecond',
@@ -401,10 +424,9 @@ WITH retried AS (
 SELECT event_id FROM retried;
 
 -- name: bury_delivery
+-- params: id, destination, attempt, owner, error, status, response_excerpt
 -- One destination's delivery failed for good: a dead letter naming that
 -- destination (replacing an earlier one there, as in `bury`). Fenced.
--- $1..$4 as reschedule_delivery, $5 = error, $6 = HTTP status or NULL,
--- $7 = response excerpt.
 WITH gone AS (
     DELETE FROM :"schema".deliveries
     WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
@@ -430,7 +452,8 @@ WITH gone AS (
 SELECT event_id FROM gone;
 
 -- name: delete_finished_events
--- Fanned-out events whose last delivery is done. $1 = event ids.
+-- params: ids
+-- Fanned-out events whose last delivery is done.
 DELETE FROM :"schema".events e
 WHERE e.id = ANY($1::bigint[])
   AND e.fanned_out
@@ -468,15 +491,17 @@ DELETE FROM :"schema".key_holds WHERE until < now() - interval '1 hour';
 -- name: message_prefix
 -- What every webhook-id of this outbox starts with (sql/0005): the relay
 -- reads it once, at startup.
-SELECT 'msg_' || left(replace(id::text, '-', ''), 16) || '_' FROM :"schema".outbox_identity;
+SELECT 'msg_' || left(replace(id::text, '-', ''), 16) || '_' AS prefix FROM :"schema".outbox_identity;
 
 -- name: purge_idempotency_keys
--- $1 = retention in ms. Returns how many keys were forgotten.
+-- params: retention_ms
+-- Returns how many keys were forgotten.
 SELECT :"schema".purge_idempotency_keys($1 * interval '1 millisecond');
 
 -- name: purge_dead_letters
--- Dead letters that died more than $1 ms ago, oldest first, at most $2 of
--- them: the relay calls it at every sweep, batch after batch, so a large
+-- params: retention_ms, batch
+-- Dead letters that died more than retention_ms ago, oldest first, at most
+-- batch of them: the relay calls it at every sweep, batch after batch, so a large
 -- purge is many short deletes, never one long one. By ctid: one TID scan for
 -- the rows the index found. A dead letter that died again in between (its
 -- ctid changed) is not purged.
@@ -490,11 +515,14 @@ WHERE ctid = ANY (ARRAY(
 RETURNING id;
 
 -- name: enqueue
+-- params: topic, payload, ordering_key, idempotency_key, headers, delay_ms
 SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval '1 millisecond');
 
 -- name: dead_list
--- $1 = topic pattern as a regular expression (topic_pattern::to_regex) or NULL, $2 = only those that died more than $2 ms ago (or NULL),
--- $3 = limit. Oldest first.
+-- params: topic_regex, older_than_ms, max_rows
+-- topic_regex: a topic pattern as a regular expression
+-- (topic_pattern::to_regex) or NULL; older_than_ms: only those that died
+-- longer ago than that (or NULL). Oldest first.
 SELECT id, topic, ordering_key, attempts, last_status, last_error, response_excerpt,
        created_at, died_at, payload::text, destination, :"schema".message_id(id)
 FROM :"schema".dead_letters
@@ -504,12 +532,14 @@ ORDER BY id, destination
 LIMIT $3;
 
 -- name: dead_replay_serialize
+-- params: schema
 -- One replay at a time per outbox (until the transaction ends): a second
 -- replay's snapshot would not see the first's uncommitted event, and could
--- hang a delivery on it. $1 = the schema name.
+-- hang a delivery on it.
 SELECT pg_advisory_xact_lock(hashtextextended('outboxd.replay.' || $1, 0));
 
 -- name: dead_replay_lock
+-- params: id, topic_regex, older_than_ms
 -- Taken first, in the replay's transaction: the events still present that
 -- the replay will owe deliveries to, locked in id order like lock_events.
 -- Without it a relay finishing such an event's last delivery at the same
@@ -517,7 +547,6 @@ SELECT pg_advisory_xact_lock(hashtextextended('outboxd.replay.' || $1, 0));
 -- the event under it: a delivery without its event, never sendable. With
 -- it, whichever comes second sees what the first committed: the finisher
 -- keeps the event, or the replay finds it gone and puts it back.
--- $1..$3 as dead_replay.
 SELECT e.id FROM :"schema".events e
 WHERE e.id IN (
     SELECT id FROM :"schema".dead_letters
@@ -528,6 +557,7 @@ ORDER BY e.id
 FOR UPDATE;
 
 -- name: dead_replay
+-- params: id, topic_regex, older_than_ms, locked_ids
 -- Moves dead letters back into the outbox under their original id (consumers
 -- still recognise a replayed event), due now, attempts from zero. A whole
 -- event (destination NULL) is routed again. One destination's dead delivery
@@ -542,8 +572,8 @@ FOR UPDATE;
 -- event is here but was not locked by dead_replay_lock (the dead letter was
 -- committed between the two statements): a delivery hung on an event we do
 -- not hold could lose its event to a relay finishing it right now.
--- $1 = one id or NULL, $2 = topic pattern as a regular expression or NULL,
--- $3 = older than $3 ms or NULL, $4 = the ids dead_replay_lock locked.
+-- id, topic_regex, older_than_ms: the filter (each NULL for "any");
+-- locked_ids: the ids dead_replay_lock locked.
 WITH revived AS (
     DELETE FROM :"schema".dead_letters dl
     WHERE ($1::bigint IS NULL OR id = $1)
@@ -579,6 +609,7 @@ WITH revived AS (
 SELECT DISTINCT id FROM revived ORDER BY id;
 
 -- name: dead_replay_left
+-- params: id, topic_regex, older_than_ms
 -- Dead letters that match a replay's filter, run after it: those it left
 -- where they were (their event is back in the outbox). Same parameters.
 SELECT count(*) FROM :"schema".dead_letters
@@ -587,13 +618,15 @@ WHERE ($1::bigint IS NULL OR id = $1)
   AND ($3::bigint IS NULL OR died_at < now() - $3 * interval '1 millisecond');
 
 -- name: dead_purge
--- $1 = older than $1 ms, $2 = topic pattern as a regular expression or NULL.
+-- params: older_than_ms, topic_regex
+-- topic_regex: a topic pattern as a regular expression, or NULL.
 DELETE FROM :"schema".dead_letters
 WHERE died_at < now() - $1 * interval '1 millisecond'
   AND ($2::text IS NULL OR topic ~ $2)
 RETURNING id;
 
 -- name: dead_purge_count
+-- params: older_than_ms, topic_regex
 -- What dead_purge would delete (`dead purge --dry-run`). Same parameters.
 SELECT count(*) FROM :"schema".dead_letters
 WHERE died_at < now() - $1 * interval '1 millisecond'
@@ -671,10 +704,10 @@ LEFT JOIN errors ON errors.topic = live.topic
 ORDER BY 1;
 
 -- name: release_waiting_deliveries
+-- params: destination
 -- A destination recovered (its circuit closed): the deliveries waiting out a
 -- backoff there are due now, instead of each at its own retry time. Not
 -- leased ones only; attempts and keys are untouched, so per-key order holds.
--- $1 = destination.
 UPDATE :"schema".deliveries
 SET available_at = now()
 WHERE destination = $1 AND lease_owner IS NULL AND available_at > now();

@@ -1,8 +1,10 @@
 #pragma once
 // The relay's database work on one connection: claim, record outcomes,
-// release, enqueue. Every call is one short autocommit statement; no
-// transaction is ever held open across a delivery. Blocking (libpqxx):
-// call from a thread that may block. Not thread-safe.
+// release, housekeeping. Every call is one short autocommit statement (or a
+// short transaction of a few); none is ever held open across a delivery.
+// Blocking (libpqxx): call from a thread that may block. Not thread-safe.
+// Producers enqueue through pg/producer.hpp; operators' commands are in
+// pg/dead_letters.hpp, pg/status.hpp and pg/migrator.hpp.
 //
 // Errors: pqxx::broken_connection when the connection is lost or a call
 // outlived its deadline (the store drops it and reconnects on the next call); pqxx::sql_error and others for
@@ -20,8 +22,7 @@
 #include "core/event.hpp"
 #include "core/outbox_rows.hpp"
 #include "pg/named_queries.hpp"
-
-#include <pqxx/connection>
+#include "pg/session.hpp"
 
 namespace outboxd::pg {
 
@@ -35,15 +36,6 @@ using outboxd::delivery_ref;
 using outboxd::delivery_retry;
 using outboxd::lease_ref;
 using outboxd::owed_delivery;
-
-struct new_event {
-    std::string topic;
-    std::string payload;  // JSON text
-    std::optional<std::string> ordering_key;
-    std::optional<std::string> idempotency_key;
-    std::string headers = "{}";  // JSON object of strings
-    std::chrono::milliseconds delay{0};
-};
 
 // Where a claim of events starts, in claim order.
 enum class claim_from {
@@ -69,22 +61,18 @@ public:
     // a literal LIMIT per prepared size, so their generic plans are the good
     // ones, and PostgreSQL would otherwise re-plan the drain-mode claim at
     // every call (its custom plans look cheaper as the watermark advances).
-    // Measured over a 100k drain with pg_stat_statements: planning 3.9 s of
-    // 7.5 s in claims without it. The session also turns off seq scans,
-    // bitmap scans and sorts (plan_once_settings()), so a plan made while the
-    // outbox is empty or small still reads its index in claim order.
+    // (bench/NOTES.md, "Database"). The session also turns off seq scans and
+    // bitmap scans (plan_once_settings()), so a plan made while the outbox is
+    // empty or small still reads its index in claim order.
     // destinations: the relay's configured destinations; its claims report
     // only their deliveries as due (nullopt: any destination's).
     // statement_timeout (0: none): the session's statement_timeout and
-    // idle_in_transaction_session_timeout, and every call is given up (its
-    // connection cut, see stall_watchdog.hpp) when not answered within it
-    // plus answer_margin: the server never sees a query sent into a network
-    // partition, so only our own deadline ends the wait.
+    // idle_in_transaction_session_timeout, and the deadline of every call
+    // (see session.hpp).
     store(std::string dsn, std::string schema, std::string lease_owner, bool relay_session = false,
           bool plan_once = false, std::chrono::milliseconds statement_timeout = std::chrono::milliseconds(0),
           std::optional<std::vector<std::string>> destinations = std::nullopt);
-    // Time for the server's own cancellation to come back before we cut.
-    static constexpr std::chrono::milliseconds answer_margin{2'000};
+    static constexpr std::chrono::milliseconds answer_margin = session::answer_margin;
     ~store();
     store(const store&) = delete;
     store& operator=(const store&) = delete;
@@ -130,8 +118,6 @@ public:
     // Hands back every event and delivery we still hold, due now. Returns how many.
     std::size_t release();
 
-    [[nodiscard]] std::int64_t enqueue(const new_event& e);
-
     // Deletes key holds that expired an hour ago or more. Returns how many.
     std::size_t forget_expired_key_holds();
 
@@ -159,24 +145,23 @@ public:
     // runs them (plan_once): public for the tests that check the plan
     // PostgreSQL makes of them and race them against open transactions.
     [[nodiscard]] std::string claim_sql(std::size_t size, claim_from from) const;
-    [[nodiscard]] std::string claim_deliveries_sql(std::size_t size) const { return sized("claim_deliveries", size); }
+    [[nodiscard]] std::string claim_deliveries_sql(std::size_t size) const;
     [[nodiscard]] static std::vector<std::string> plan_once_settings();
 
 private:
-    pqxx::connection& conn();
     void set_up(pqxx::connection& c);  // session settings and prepared statements
-    [[nodiscard]] std::string sized(std::string_view query, std::size_t size) const;
-    template <typename F> auto guarded(F&& f);
+    void prepare_claims(pqxx::connection& c) const;
 
-    std::string dsn_;
     std::string schema_;
     std::string owner_;
     bool relay_session_;
     bool plan_once_;
     std::chrono::milliseconds statement_timeout_;
-    std::optional<std::vector<std::string>> destinations_;
+    // The claim's :known_destination: the SQL that keeps other relays'
+    // deliveries out of "deliveries are due".
+    std::string known_destination_;
     query_book queries_;
-    std::unique_ptr<pqxx::connection> conn_;
+    session session_;
 };
 
 }  // namespace outboxd::pg

@@ -11,28 +11,15 @@
 #include <pqxx/pqxx>
 
 #include "pg/dead_letters.hpp"
-#include "pg/migrator.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
 
 using namespace outboxd;
 using namespace std::chrono_literals;
+using outboxd::testing::installed;
 using outboxd::testing::scalar;
 
 namespace {
-
-struct installed {
-    testing::scratch_schema schema{"fan"};
-    std::unique_ptr<pqxx::connection> admin = testing::connect();
-    installed() { (void)pg::migrate(*admin, schema.name()); }
-
-    [[nodiscard]] pg::store store(const std::string& owner) const {
-        return pg::store(testing::database_url(), schema.name(), owner);
-    }
-    std::string query(const std::string& sql_with_schema) {
-        return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
-    }
-};
 
 pg::new_event ev(std::optional<std::string> key = std::nullopt) {
     pg::new_event e;
@@ -71,9 +58,9 @@ std::string at(std::int64_t id, const std::string& destination) { return fmt::fo
 }  // namespace
 
 TEST_CASE("fan-out parks the event and gives each owed destination a delivery of its own") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev());
+    const auto id = db.enqueue(ev());
     REQUIRE(claim_all(s, 10).size() == 1);
     // "hooks" accepted it; "audit" and "search" failed.
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("audit"), owe("search")}, {}));
@@ -95,9 +82,9 @@ TEST_CASE("fan-out parks the event and gives each owed destination a delivery of
 }
 
 TEST_CASE("fan-out with nothing owed: dead destinations become dead letters and the event is done") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev());
+    const auto id = db.enqueue(ev());
     REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410: gone", 410, "gone"}}));
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
@@ -106,9 +93,9 @@ TEST_CASE("fan-out with nothing owed: dead destinations become dead letters and 
 }
 
 TEST_CASE("fan-out is fenced: a stale lease writes nothing") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev());
+    const auto id = db.enqueue(ev());
     REQUIRE(claim_all(s, 10).size() == 1);
     auto other = db.store("b");
     CHECK_FALSE(other.fan_out({id, 1}, std::vector{owe("audit")}, {}));  // not b's lease
@@ -118,9 +105,9 @@ TEST_CASE("fan-out is fenced: a stale lease writes nothing") {
 }
 
 TEST_CASE("delivery outcomes are fenced on owner and attempt") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev());
+    const auto id = db.enqueue(ev());
     REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("audit")}, {}));
     REQUIRE(claim_all(s, 10).size() == 1);
@@ -179,11 +166,11 @@ TEST_CASE("each delivery outcome is fenced by the attempt alone and by the owner
 }
 
 TEST_CASE("a failing destination blocks its key there only; the other destination goes on in order") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto e1 = s.enqueue(ev("k"));
-    const auto e2 = s.enqueue(ev("k"));
-    const auto e3 = s.enqueue(ev("k"));
+    const auto e1 = db.enqueue(ev("k"));
+    const auto e2 = db.enqueue(ev("k"));
+    const auto e3 = db.enqueue(ev("k"));
     REQUIRE(claimed(claim_all(s, 10)) == std::vector{at(e1, "*")});
     // e1: "hooks" took it, "audit" failed and retries in an hour.
     REQUIRE(s.fan_out({e1, 1}, std::vector{owe("audit", 1h)}, {}));
@@ -216,10 +203,10 @@ TEST_CASE("a failing destination blocks its key there only; the other destinatio
 }
 
 TEST_CASE("the per-destination rule also holds back an earlier event of the key that is not fanned out") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto e1 = s.enqueue(ev("k"));
-    const auto e2 = s.enqueue(ev("k"));
+    const auto e1 = db.enqueue(ev("k"));
+    const auto e2 = db.enqueue(ev("k"));
     // e2 owes "audit" while e1 (older) is still a plain event, as after a
     // replay of e1: e2's delivery must wait for e1.
     {
@@ -236,10 +223,10 @@ TEST_CASE("the per-destination rule also holds back an earlier event of the key 
 }
 
 TEST_CASE("the event claim says when deliveries are due; a claim of deliveries never returns more than asked") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
     std::vector<std::int64_t> ids;
-    for (int i = 0; i < 6; ++i) ids.push_back(s.enqueue(ev()));
+    for (int i = 0; i < 6; ++i) ids.push_back(db.enqueue(ev()));
     REQUIRE(claim_all(s, 4).size() == 4);
     CHECK_FALSE(s.claim(0, 30s).deliveries_due);
     for (int i = 0; i < 3; ++i) REQUIRE(s.fan_out({ids[static_cast<std::size_t>(i)], 1}, std::vector{owe("a"), owe("b")}, {}));
@@ -252,9 +239,9 @@ TEST_CASE("the event claim says when deliveries are due; a claim of deliveries n
 }
 
 TEST_CASE("release hands back deliveries too") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev());
+    const auto id = db.enqueue(ev());
     REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("audit")}, {}));
     REQUIRE(claim_all(s, 10).size() == 1);
@@ -264,13 +251,13 @@ TEST_CASE("release hands back deliveries too") {
 }
 
 TEST_CASE("two relays finishing an event's last two deliveries at once: the event is deleted, exactly once") {
-    installed db;
+    installed db{"fan"};
     for (int round = 0; round < 20; ++round) {
         auto a = db.store("a");
         auto b = db.store("b");
         a.connect();
         b.connect();
-        const auto id = a.enqueue(ev());
+        const auto id = db.enqueue(ev());
         REQUIRE(claim_all(a, 10).size() == 1);
         REQUIRE(a.fan_out({id, 1}, std::vector{owe("x"), owe("y")}, {}));
         const auto got_a = claim_all(a, 1);
@@ -290,9 +277,9 @@ TEST_CASE("two relays finishing an event's last two deliveries at once: the even
 }
 
 TEST_CASE("replaying one destination's dead letter delivers to that destination only") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev("k"));
+    const auto id = db.enqueue(ev("k"));
     REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
     REQUIRE(db.query("SELECT count(*) FROM {s}.events") == "0");
@@ -308,9 +295,9 @@ TEST_CASE("replaying one destination's dead letter delivers to that destination 
 }
 
 TEST_CASE("dead letters of one event at two destinations coexist, and both replay") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev());
+    const auto id = db.enqueue(ev());
     REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, {},
                       std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""},
@@ -324,11 +311,11 @@ TEST_CASE("dead letters of one event at two destinations coexist, and both repla
 }
 
 TEST_CASE("a relay's store leaves deliveries to destinations it does not know alone, and does not call them due") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("relay-a");
     pg::store only_a(testing::database_url(), db.schema.name(), "relay-old", false, false,
                      std::chrono::milliseconds(0), std::vector<std::string>{"a"});
-    const auto id = s.enqueue(ev());
+    const auto id = db.enqueue(ev());
     REQUIRE(claim_all(s, 1).size() == 1);
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("b")}, {}));
 
@@ -344,9 +331,9 @@ TEST_CASE("a replay racing an event's last delivery leaves no delivery without i
     // (a statement trigger of the test's own sleeps), after it found the
     // event still there and wrote y's delivery; the last delivery is
     // finished meanwhile.
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev("k"));
+    const auto id = db.enqueue(ev("k"));
     REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("x")}, std::vector{pg::dead_delivery{"y", 1, "HTTP 410", 410, ""}}));
     const auto got = claim_all(s, 10);
@@ -382,10 +369,10 @@ TEST_CASE("a replay racing an event's last delivery leaves no delivery without i
 }
 
 TEST_CASE("a delivery without its event is never claimed, and the sweep turns it into a dead letter that says so") {
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev("k"));
-    const auto later = s.enqueue(ev("k"));
+    const auto id = db.enqueue(ev("k"));
+    const auto later = db.enqueue(ev("k"));
     REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("x")}, {}));
     // What the replay race left behind in outboxes written before the fix.
@@ -409,9 +396,9 @@ TEST_CASE("a dead letter whose event is back in the outbox (not fanned out) wait
     // whole, owed to x. Replaying y's now must not hang a delivery on E
     // (E leaves the table when x is done, and y's payload with it): it stays
     // a dead letter until E has left, and replays then.
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto id = s.enqueue(ev());
+    const auto id = db.enqueue(ev());
     REQUIRE(claim_all(s, 10).size() == 1);
     REQUIRE(s.fan_out({id, 1}, {},
                       std::vector{pg::dead_delivery{"x", 1, "HTTP 410", 410, ""},
@@ -442,10 +429,10 @@ TEST_CASE("a dead letter committed while a replay takes its locks waits for the 
     // delivery hung on that event could lose it to a relay finishing it at
     // that moment. Forced: the lock statement waits for a row lock the test
     // holds while the new dead letter commits.
-    installed db;
+    installed db{"fan"};
     auto s = db.store("a");
-    const auto e1 = s.enqueue(ev());
-    const auto e2 = s.enqueue(ev());
+    const auto e1 = db.enqueue(ev());
+    const auto e2 = db.enqueue(ev());
     REQUIRE(claim_all(s, 10).size() == 2);
     REQUIRE(s.fan_out({e1, 1}, std::vector{owe("z")}, std::vector{pg::dead_delivery{"y", 1, "HTTP 410", 410, ""}}));
     REQUIRE(s.fan_out({e2, 1}, std::vector{owe("w")}, {}));

@@ -13,12 +13,12 @@
 #include <pqxx/pqxx>
 
 #include "pg/dead_letters.hpp"
-#include "pg/migrator.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
 
 using namespace outboxd;
 using namespace std::chrono_literals;
+using outboxd::testing::installed;
 using outboxd::testing::scalar;
 
 namespace {
@@ -26,29 +26,16 @@ namespace {
 // Every destination these tests use (a relay claims deliveries for its own).
 const std::vector<std::string> destinations{"audit", "hooks"};
 
-struct installed {
-    testing::scratch_schema schema{"keyorder"};
-    std::unique_ptr<pqxx::connection> admin = testing::connect();
-    installed() { (void)pg::migrate(*admin, schema.name()); }
-
-    [[nodiscard]] pg::store store(const std::string& owner) const {
-        return pg::store(testing::database_url(), schema.name(), owner);
-    }
-    std::string query(const std::string& sql_with_schema) {
-        return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
-    }
-    // Events of `key` leased right now (sent straight to their destinations).
-    int leased_events(const std::string& key) {
-        return std::stoi(query("SELECT count(*) FROM {s}.events WHERE ordering_key = '" + key +
-                               "' AND lease_owner IS NOT NULL AND available_at > now() AND NOT fanned_out"));
-    }
-    int leased_deliveries(const std::string& key, const std::string& destination) {
-        return std::stoi(query("SELECT count(*) FROM {s}.deliveries WHERE ordering_key = '" + key +
-                               "' AND destination = '" + destination +
-                               "' AND lease_owner IS NOT NULL AND available_at > now()"));
-    }
-};
-
+// Events of `key` leased right now (sent straight to their destinations).
+int leased_events(installed& db, const std::string& key) {
+    return std::stoi(db.query("SELECT count(*) FROM {s}.events WHERE ordering_key = '" + key +
+                              "' AND lease_owner IS NOT NULL AND available_at > now() AND NOT fanned_out"));
+}
+int leased_deliveries(installed& db, const std::string& key, const std::string& destination) {
+    return std::stoi(db.query("SELECT count(*) FROM {s}.deliveries WHERE ordering_key = '" + key +
+                              "' AND destination = '" + destination +
+                              "' AND lease_owner IS NOT NULL AND available_at > now()"));
+}
 pg::new_event ev(std::optional<std::string> key) {
     pg::new_event e;
     e.topic = "orders.created";
@@ -93,11 +80,11 @@ void wait_returned_or_blocked(installed& db, std::future<T>& b) {
 }  // namespace
 
 TEST_CASE("a replayed older event is not leased while another relay's uncommitted claim holds a newer one") {
-    installed db;
+    installed db{"keyorder"};
     auto setup = db.store("setup");
     auto b = db.store("relay-b");
-    const auto e1 = setup.enqueue(ev("k"));
-    const auto e2 = setup.enqueue(ev("k"));
+    const auto e1 = db.enqueue(ev("k"));
+    const auto e2 = db.enqueue(ev("k"));
     auto first = setup.claim(10, 30s).events;
     REQUIRE(first.size() == 1);
     REQUIRE(first[0].id == e1);
@@ -116,7 +103,7 @@ TEST_CASE("a replayed older event is not leased while another relay's uncommitte
     const auto result = b_claim.get();
     const auto& got = result.events;
     CAPTURE(got.size());
-    CHECK(db.leased_events("k") <= 1);
+    CHECK(leased_events(db, "k") <= 1);
     CHECK(got.empty());
     // B picked the older event and could not lease it: not a claim that
     // found nothing due (the relay must not end a drain or move its low
@@ -125,15 +112,14 @@ TEST_CASE("a replayed older event is not leased while another relay's uncommitte
 }
 
 TEST_CASE("an older event committed after a newer one is not leased while the newer one's claim is uncommitted") {
-    installed db;
-    auto p2 = db.store("producer-2");
+    installed db{"keyorder"};
     auto b = db.store("relay-b");
     // P1 takes the older id and commits last.
     auto p1_conn = testing::connect();
     pqxx::work p1(*p1_conn);
     const auto e1 = p1.exec1(fmt::format("SELECT {}.enqueue('orders.created', '{{}}', 'k')", db.schema.q()))[0]
                         .as<std::int64_t>();
-    const auto e2 = p2.enqueue(ev("k"));
+    const auto e2 = db.enqueue(ev("k"));
     REQUIRE(e1 < e2);
 
     open_claim a(b.claim_sql(16, pg::claim_from::beginning), "relay-a");
@@ -145,16 +131,16 @@ TEST_CASE("an older event committed after a newer one is not leased while the ne
     a.commit();
     const auto got = b_claim.get();
     CAPTURE(got.size());
-    CHECK(db.leased_events("k") <= 1);
+    CHECK(leased_events(db, "k") <= 1);
     CHECK(got.empty());
 }
 
 TEST_CASE("a replayed delivery is not leased while another relay's uncommitted claim holds a newer one there") {
-    installed db;
+    installed db{"keyorder"};
     auto setup = db.store("setup");
     auto b = db.store("relay-b");
-    const auto e1 = setup.enqueue(ev("k"));
-    const auto e2 = setup.enqueue(ev("k"));
+    const auto e1 = db.enqueue(ev("k"));
+    const auto e2 = db.enqueue(ev("k"));
     // Both fanned out to "audit"; e1's delivery there dies while "hooks"
     // still owes e1 (so e1's row stays and the replay is a delivery row).
     REQUIRE(setup.claim(10, 30s).events.size() == 1);
@@ -181,12 +167,12 @@ TEST_CASE("a replayed delivery is not leased while another relay's uncommitted c
     a.commit();
     const auto got = b_claim.get();
     CAPTURE(got.size());
-    CHECK(db.leased_deliveries("k", "audit") <= 1);
+    CHECK(leased_deliveries(db, "k", "audit") <= 1);
     CHECK(got.empty());
 }
 
 TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees nothing") {
-    installed db;
+    installed db{"keyorder"};
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
     const auto holds = [&] { return db.query("SELECT count(*) FROM {s}.key_holds"); };
@@ -209,7 +195,7 @@ TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees not
         FAIL("nothing became claimable");
         return event{};
     };
-    for (int i = 0; i < 4; ++i) (void)a.enqueue(ev("k"));
+    for (int i = 0; i < 4; ++i) (void)db.enqueue(ev("k"));
 
     auto e = claim_one(a);
     CHECK(a.reschedule({e.id, e.attempt}, 1ms, "HTTP 500"));
@@ -262,10 +248,10 @@ TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees not
 }
 
 TEST_CASE("a replayed delivery waits while a later event of its key is out to every destination") {
-    installed db;
+    installed db{"keyorder"};
     auto a = db.store("relay-a");
-    const auto e1 = a.enqueue(ev("k"));
-    const auto e2 = a.enqueue(ev("k"));
+    const auto e1 = db.enqueue(ev("k"));
+    const auto e2 = db.enqueue(ev("k"));
     REQUIRE(a.claim(10, 30s).events.size() == 1);
     // e1 went everywhere but "audit", where it died; e2 then goes out whole.
     REQUIRE(a.fan_out({e1, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
@@ -284,11 +270,11 @@ TEST_CASE("a replayed delivery waits while a later event of its key is out to ev
 }
 
 TEST_CASE("a replayed delivery is not leased while another relay's uncommitted claim holds a later event of its key") {
-    installed db;
+    installed db{"keyorder"};
     auto setup = db.store("setup");
     auto b = db.store("relay-b");
-    const auto e1 = setup.enqueue(ev("k"));
-    const auto e2 = setup.enqueue(ev("k"));
+    const auto e1 = db.enqueue(ev("k"));
+    const auto e2 = db.enqueue(ev("k"));
     REQUIRE(setup.claim(10, 30s).events.size() == 1);
     REQUIRE(setup.fan_out({e1, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
 
@@ -308,11 +294,11 @@ TEST_CASE("a replayed delivery is not leased while another relay's uncommitted c
     const auto got = b_claim.get();
     CAPTURE(got.size());
     CHECK(got.empty());
-    CHECK(db.leased_events("k") + db.leased_deliveries("k", "audit") == 1);
+    CHECK(leased_events(db, "k") + leased_deliveries(db, "k", "audit") == 1);
 }
 
 TEST_CASE("the sweep forgets key holds that expired long ago, and only those") {
-    installed db;
+    installed db{"keyorder"};
     auto s = db.store("a");
     (void)db.query("WITH h AS (INSERT INTO {s}.key_holds (ordering_key, destination, event_id, until) VALUES "
                    "('old', '', 1, now() - interval '2 hours'), ('recent', '', 2, now() - interval '1 minute'), "

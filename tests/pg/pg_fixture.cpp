@@ -9,6 +9,7 @@
 
 #include "core/log.hpp"
 #include "core/sql_ident.hpp"
+#include "pg/migrator.hpp"
 
 namespace outboxd::testing {
 namespace {
@@ -49,6 +50,25 @@ std::string scalar(pqxx::connection& c, const std::string& sql) {
     pqxx::nontransaction tx(c);
     const auto r = tx.exec1(sql);
     return r[0].is_null() ? std::string("NULL") : std::string(r[0].c_str());
+}
+
+installed::installed(std::string prefix) : schema(std::move(prefix)), admin(connect()) {
+    (void)pg::migrate(*admin, schema.name());
+}
+
+pg::store installed::store(const std::string& owner) const {
+    return pg::store(database_url(), schema.name(), owner);
+}
+
+pg::producer installed::producer() const { return pg::producer(database_url(), schema.name()); }
+
+std::int64_t installed::enqueue(const pg::new_event& e) {
+    if (!producer_) producer_ = std::make_unique<pg::producer>(database_url(), schema.name());
+    return producer_->enqueue(e);
+}
+
+std::string installed::query(const std::string& sql_with_schema) {
+    return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
 }
 
 }  // namespace outboxd::testing

@@ -1,12 +1,16 @@
 #pragma once
 // Shared setup of the PostgreSQL tests: the throwaway cluster's URL (from
 // OUTBOXD_TEST_DATABASE_URL, set by scripts/test.sh) and a fresh schema per
-// test, dropped afterwards.
+// test, dropped afterwards; `installed` is the outbox in such a schema.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include <pqxx/connection>
+
+#include "pg/producer.hpp"
+#include "pg/store.hpp"
 
 namespace outboxd::testing {
 
@@ -35,5 +39,26 @@ private:
 
 // Runs one statement and returns the first column of the first row as text.
 [[nodiscard]] std::string scalar(pqxx::connection& c, const std::string& sql);
+
+// The outbox, migrated into a fresh schema (dropped afterwards), and an
+// admin connection to look at it with. The one way tests install it.
+struct installed {
+    explicit installed(std::string prefix = "pgt");
+
+    scratch_schema schema;
+    std::unique_ptr<pqxx::connection> admin;
+
+    // A relay's store with default settings, leasing as `owner`.
+    [[nodiscard]] pg::store store(const std::string& owner) const;
+    // A producer of its own (one per thread).
+    [[nodiscard]] pg::producer producer() const;
+    // Commits an event through a producer (as `outboxd enqueue` does).
+    std::int64_t enqueue(const pg::new_event& e);
+    // scalar() on the admin connection; {s} in the text is the quoted schema.
+    std::string query(const std::string& sql_with_schema);
+
+private:
+    std::unique_ptr<pg::producer> producer_;
+};
 
 }  // namespace outboxd::testing

@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 #include <pqxx/pqxx>
 
-#include "pg/migrator.hpp"
 #include "pg/stall_watchdog.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
@@ -47,9 +46,9 @@ TEST_CASE("with_deadline: a call answered in time is untouched, and so is the co
 
 TEST_CASE("store: a relay session's statement that outlasts statement_timeout is cancelled by the server; "
           "the connection stays usable") {
-    testing::scratch_schema schema;
-    auto admin = testing::connect();
-    (void)pg::migrate(*admin, schema.name());
+    testing::installed db;
+    auto& admin = db.admin;
+    auto& schema = db.schema;
     pg::store s(testing::database_url(), schema.name(), "a", /*relay_session=*/true, /*plan_once=*/true, 500ms);
     s.connect();
     {

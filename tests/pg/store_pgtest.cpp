@@ -12,28 +12,15 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
-#include "pg/migrator.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
 
 using namespace outboxd;
 using namespace std::chrono_literals;
+using outboxd::testing::installed;
 using outboxd::testing::scalar;
 
 namespace {
-
-struct installed {
-    testing::scratch_schema schema;
-    std::unique_ptr<pqxx::connection> admin = testing::connect();
-    installed() { (void)pg::migrate(*admin, schema.name()); }
-
-    [[nodiscard]] pg::store store(const std::string& owner) const {
-        return pg::store(testing::database_url(), schema.name(), owner);
-    }
-    std::string query(const std::string& sql_with_schema) {
-        return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
-    }
-};
 
 pg::new_event ev(std::string topic, std::optional<std::string> key = std::nullopt) {
     pg::new_event e;
@@ -58,7 +45,7 @@ TEST_CASE("enqueue: ids, payload and headers round-trip through a claim") {
     auto e = ev("orders.created", "order-7");
     e.payload = R"({"total": 12.5, "items": ["x"]})";
     e.headers = R"({"x-tenant": "acme"})";
-    const auto id = s.enqueue(e);
+    const auto id = db.enqueue(e);
     const auto claimed = s.claim(10, 30s).events;
     REQUIRE(claimed.size() == 1);
     CHECK(claimed[0].id == id);
@@ -75,20 +62,20 @@ TEST_CASE("enqueue: a repeated idempotency key returns the first id, even after 
     auto s = db.store("a");
     auto e = ev("orders.created");
     e.idempotency_key = "req-1";
-    const auto first = s.enqueue(e);
-    CHECK(s.enqueue(e) == first);
+    const auto first = db.enqueue(e);
+    CHECK(db.enqueue(e) == first);
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "1");
 
     auto other_topic = e;
     other_topic.topic = "orders.updated";
-    CHECK(s.enqueue(other_topic) != first);
+    CHECK(db.enqueue(other_topic) != first);
 
     // Deliver the first; the key still maps to it and makes no new event.
     const auto claimed = s.claim(10, 30s).events;
     std::vector<pg::lease_ref> done;
     for (const auto& c : claimed) done.push_back({c.id, c.attempt});
     CHECK(s.complete(done).size() == 2);
-    CHECK(s.enqueue(e) == first);
+    CHECK(db.enqueue(e) == first);
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
 }
 
@@ -97,15 +84,15 @@ TEST_CASE("purge_idempotency_keys forgets old keys only; the key then makes a ne
     auto s = db.store("a");
     auto e = ev("t");
     e.idempotency_key = "order-7";
-    const auto first = s.enqueue(e);
+    const auto first = db.enqueue(e);
     e.idempotency_key = "order-8";
-    (void)s.enqueue(e);
+    (void)db.enqueue(e);
     CHECK(s.purge_idempotency_keys(1h) == 0);
     db.query("UPDATE {s}.idempotency_keys SET created_at = now() - interval '2 hours' "
              "WHERE idempotency_key = 'order-7' RETURNING 1");
     CHECK(s.purge_idempotency_keys(1h) == 1);
     e.idempotency_key = "order-7";
-    CHECK(s.enqueue(e) != first);
+    CHECK(db.enqueue(e) != first);
     CHECK(db.query("SELECT count(*) FROM {s}.idempotency_keys") == "2");
 }
 
@@ -114,10 +101,10 @@ TEST_CASE("enqueue: concurrent producers with one idempotency key make one event
     std::vector<std::future<std::int64_t>> producers;
     for (int i = 0; i < 4; ++i) {
         producers.push_back(std::async(std::launch::async, [&] {
-            auto s = db.store("p");
+            auto p = db.producer();
             auto e = ev("t");
             e.idempotency_key = "same";
-            return s.enqueue(e);
+            return p.enqueue(e);
         }));
     }
     std::set<std::int64_t> ids;
@@ -131,15 +118,15 @@ TEST_CASE("enqueue: the table refuses headers that are not an object of HTTP-saf
     auto s = db.store("a");
     auto e = ev("t");
     e.headers = R"({"x": 1})";
-    CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
+    CHECK_THROWS_AS((void)db.enqueue(e), pqxx::sql_error);
     e.headers = R"(["x"])";
-    CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
+    CHECK_THROWS_AS((void)db.enqueue(e), pqxx::sql_error);
     e.headers = R"({"bad name": "v"})";
-    CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
+    CHECK_THROWS_AS((void)db.enqueue(e), pqxx::sql_error);
     e.headers = R"({"x-ok": "a\r\nInjected: 1"})";
-    CHECK_THROWS_AS((void)s.enqueue(e), pqxx::sql_error);
+    CHECK_THROWS_AS((void)db.enqueue(e), pqxx::sql_error);
     e.headers = R"({"x-ok": "fine\tvalue", "X-Tenant_1": "acme"})";
-    CHECK(s.enqueue(e) > 0);
+    CHECK(db.enqueue(e) > 0);
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "1");
 }
 
@@ -147,7 +134,7 @@ TEST_CASE("claim stamps a lease; another relay gets nothing while it holds") {
     installed db;
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
-    (void)a.enqueue(ev("t"));
+    (void)db.enqueue(ev("t"));
     const auto got = a.claim(10, 30s).events;
     REQUIRE(got.size() == 1);
     CHECK(db.query("SELECT lease_owner FROM {s}.events") == "relay-a");
@@ -169,7 +156,7 @@ TEST_CASE("claim sizes are powers of two up to 1024, never above what was asked"
 TEST_CASE("claim never returns more than asked") {
     installed db;
     auto s = db.store("a");
-    for (int i = 0; i < 10; ++i) (void)s.enqueue(ev("t"));
+    for (int i = 0; i < 10; ++i) (void)db.enqueue(ev("t"));
     CHECK(s.claim(0, 30s).events.empty());
     CHECK(s.claim(3, 30s).events.size() == 2);  // the prepared size below 3
     CHECK(s.claim(4, 30s).events.size() == 4);
@@ -208,7 +195,7 @@ TEST_CASE("an expired lease is claimable again, and the old holder is fenced out
     installed db;
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
-    const auto id = a.enqueue(ev("t"));
+    const auto id = db.enqueue(ev("t"));
     const auto first = a.claim(1, 1ms).events;
     REQUIRE(first.size() == 1);
     // Wait until the database's clock has passed the 1 ms lease.
@@ -290,7 +277,7 @@ TEST_CASE("another relay naming the current attempt is fenced out by the owner a
 TEST_CASE("reschedule: not claimable before its time; next_due says when") {
     installed db;
     auto s = db.store("a");
-    const auto id = s.enqueue(ev("t"));
+    const auto id = db.enqueue(ev("t"));
     const auto got = s.claim(1, 30s).events;
     REQUIRE(got.size() == 1);
     CHECK(s.reschedule({id, 1}, 1h, "HTTP 500: boom"));
@@ -306,7 +293,7 @@ TEST_CASE("reschedule: not claimable before its time; next_due says when") {
 TEST_CASE("reschedule stores an error text that is not valid UTF-8") {
     installed db;
     auto s = db.store("a");
-    const auto id = s.enqueue(ev("t"));
+    const auto id = db.enqueue(ev("t"));
     REQUIRE(s.claim(1, 30s).events.size() == 1);
     CHECK(s.reschedule({id, 1}, 1ms, std::string("bad \xff\xfe bytes \0 here", 20)));
     CHECK(db.query("SELECT last_error LIKE 'bad %' FROM {s}.events") == "t");
@@ -317,7 +304,7 @@ TEST_CASE("bury moves the event to dead letters with what went wrong") {
     auto s = db.store("a");
     auto e = ev("orders", "k1");
     e.idempotency_key = "idem";
-    const auto id = s.enqueue(e);
+    const auto id = db.enqueue(e);
     REQUIRE(s.claim(1, 30s).events.size() == 1);
     CHECK(s.bury({id, 1}, "permanent failure: HTTP 410", 410, "gone for good"));
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
@@ -331,7 +318,7 @@ TEST_CASE("bury of an id that already has a dead letter succeeds and keeps the n
     // event under its id, or an outbox is restored with an older id sequence.
     installed db;
     auto s = db.store("a");
-    const auto id = s.enqueue(ev("orders"));
+    const auto id = db.enqueue(ev("orders"));
     db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, last_error, died_at) "
              "VALUES (" + std::to_string(id) + ", 'orders', '{{}}', '{{}}', now() - interval '3 days', 7, 'old', "
              "now() - interval '2 days') RETURNING 1");
@@ -346,7 +333,7 @@ TEST_CASE("bury of an id that already has a dead letter succeeds and keeps the n
 TEST_CASE("a destination's dead delivery replaces an earlier dead letter of that event and destination") {
     installed db;
     auto s = db.store("a");
-    const auto id = s.enqueue(ev("orders"));
+    const auto id = db.enqueue(ev("orders"));
     db.query("INSERT INTO {s}.dead_letters (id, topic, payload, headers, created_at, attempts, last_error, died_at, "
              "destination) VALUES (" + std::to_string(id) + ", 'orders', '{{}}', '{{}}', now(), 7, 'old', "
              "now() - interval '2 days', 'hooks') RETURNING 1");
@@ -379,7 +366,7 @@ TEST_CASE("release hands back what we hold, due now") {
     installed db;
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
-    for (int i = 0; i < 3; ++i) (void)a.enqueue(ev("t"));
+    for (int i = 0; i < 3; ++i) (void)db.enqueue(ev("t"));
     REQUIRE(a.claim(2, 1h).events.size() == 2);
     CHECK(a.release() == 2);
     CHECK(b.claim(10, 30s).events.size() == 3);
@@ -388,11 +375,11 @@ TEST_CASE("release hands back what we hold, due now") {
 TEST_CASE("per-key order: only the oldest event of a key is claimable") {
     installed db;
     auto s = db.store("a");
-    const auto k1 = s.enqueue(ev("t", "k"));
-    const auto k2 = s.enqueue(ev("t", "k"));
-    const auto free1 = s.enqueue(ev("t"));
-    const auto j1 = s.enqueue(ev("t", "j"));
-    const auto free2 = s.enqueue(ev("t"));
+    const auto k1 = db.enqueue(ev("t", "k"));
+    const auto k2 = db.enqueue(ev("t", "k"));
+    const auto free1 = db.enqueue(ev("t"));
+    const auto j1 = db.enqueue(ev("t", "j"));
+    const auto free2 = db.enqueue(ev("t"));
 
     const auto first = s.claim(10, 30s).events;
     CHECK(ids_of(first) == std::vector<std::int64_t>{k1, free1, j1, free2});
@@ -412,8 +399,8 @@ TEST_CASE("per-key order: only the oldest event of a key is claimable") {
 TEST_CASE("a dead-lettered event no longer blocks its key") {
     installed db;
     auto s = db.store("a");
-    const auto k1 = s.enqueue(ev("t", "k"));
-    const auto k2 = s.enqueue(ev("t", "k"));
+    const auto k1 = db.enqueue(ev("t", "k"));
+    const auto k2 = db.enqueue(ev("t", "k"));
     REQUIRE(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k1});
     CHECK(s.bury({k1, 1}, "poison", 400, ""));
     CHECK(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k2});
@@ -424,7 +411,7 @@ TEST_CASE("delayed events wait for their time") {
     auto s = db.store("a");
     auto e = ev("t");
     e.delay = 1h;
-    (void)s.enqueue(e);
+    (void)db.enqueue(e);
     CHECK(s.claim(10, 30s).events.empty());
     const auto due = s.claim(0, 30s).next_due;
     REQUIRE(due.has_value());
@@ -440,7 +427,8 @@ TEST_CASE("next_due is empty when nothing waits") {
 TEST_CASE("a lost connection is reported and the next call reconnects") {
     installed db;
     auto s = db.store("a");
-    (void)s.enqueue(ev("t"));
+    s.connect();
+    (void)db.enqueue(ev("t"));
     // Kill every other idle session of ours: the store's connection among them.
     (void)scalar(*db.admin, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                             "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'");
@@ -464,8 +452,8 @@ TEST_CASE("a lost connection is reported and the next call reconnects") {
 TEST_CASE("a replayed dead letter waits while a later event of its key is in flight") {
     installed db;
     auto s = db.store("a");
-    const auto k1 = s.enqueue(ev("t", "k"));
-    const auto k2 = s.enqueue(ev("t", "k"));
+    const auto k1 = db.enqueue(ev("t", "k"));
+    const auto k2 = db.enqueue(ev("t", "k"));
     REQUIRE(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k1});
     CHECK(s.bury({k1, 1}, "poison", 400, ""));
     REQUIRE(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{k2});
@@ -487,7 +475,7 @@ TEST_CASE("another relay's claim reports when a lease expires, so a crashed rela
     installed db;
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
-    (void)a.enqueue(ev("t"));
+    (void)db.enqueue(ev("t"));
     // A minute's lease: the two statements may be seconds apart on a busy
     // machine and next_due must still be the lease's end, not "now".
     REQUIRE(a.claim(10, 60s).events.size() == 1);
@@ -502,7 +490,7 @@ TEST_CASE("a claim behind a watermark skips what lies before it; a claim without
     installed db;
     auto s = db.store("a");
     std::vector<std::int64_t> ids;
-    for (int i = 0; i < 6; ++i) ids.push_back(s.enqueue(ev("t")));
+    for (int i = 0; i < 6; ++i) ids.push_back(db.enqueue(ev("t")));
     const auto first = s.claim(2, 30s);
     REQUIRE(ids_of(first.events) == std::vector<std::int64_t>{ids[0], ids[1]});
     REQUIRE(first.last.has_value());
@@ -521,16 +509,16 @@ TEST_CASE("a claim behind a watermark skips what lies before it; a claim without
 TEST_CASE("a claim from the low mark skips what is due before it; the low mark is 5 s before the claim") {
     installed db;
     auto s = db.store("a");
-    for (int i = 0; i < 3; ++i) (void)s.enqueue(ev("t"));
+    for (int i = 0; i < 3; ++i) (void)db.enqueue(ev("t"));
     const auto first = s.claim(10, 30s);
     REQUIRE(first.events.size() == 3);
     CHECK(db.query("SELECT '" + first.low_mark + "'::timestamptz BETWEEN now() - interval '6 seconds' "
                    "AND now() - interval '4 seconds'") == "t");
     // A late commit (due an hour ago), and an event due now.
-    const auto late = s.enqueue(ev("t"));
+    const auto late = db.enqueue(ev("t"));
     db.query("UPDATE {s}.events SET available_at = now() - interval '1 hour' WHERE id = " + std::to_string(late) +
              " RETURNING 1");
-    const auto now_due = s.enqueue(ev("t"));
+    const auto now_due = db.enqueue(ev("t"));
     CHECK(ids_of(s.claim(10, 30s, std::nullopt, first.low_mark).events) == std::vector<std::int64_t>{now_due});
     CHECK(ids_of(s.claim(10, 30s).events) == std::vector<std::int64_t>{late});
 }

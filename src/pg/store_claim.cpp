@@ -1,0 +1,172 @@
+// The relay's claims: events (three variants, by where the scan starts) and
+// deliveries, one prepared statement per claim size.
+#include <nlohmann/json.hpp>
+#include <pqxx/pqxx>
+
+#include "core/sql_ident.hpp"
+#include "pg/sql_arrays.hpp"
+#include "pg/store.hpp"
+#include "pg/typed_query.hpp"
+
+namespace outboxd::pg {
+namespace {
+
+header_list parse_headers(const char* json_text) {
+    header_list out;
+    const auto object = nlohmann::json::parse(json_text);  // the column CHECK guarantees an object of strings
+    out.reserve(object.size());
+    for (const auto& [name, value] : object.items()) out.emplace_back(name, value.get<std::string>());
+    return out;
+}
+
+// Names joined by ',' (array_to_string in the claim): destination names
+// never hold one, and unlike an array's text form nothing is quoted (an
+// element "null" would be).
+std::vector<std::string> destination_names(std::string_view array) {
+    std::vector<std::string> out;
+    while (!array.empty()) {
+        const auto comma = array.find(',');
+        out.emplace_back(array.substr(0, comma));
+        if (comma == std::string_view::npos) break;
+        array.remove_prefix(comma + 1);
+    }
+    return out;
+}
+
+// The columns every claim returns: id, topic, ordering_key, payload,
+// headers, attempts (a claim without one of them does not compile).
+// Decoded row by row: a row that cannot be decoded comes back with the
+// reason (and its id and attempt, to dead-letter it under our lease) instead
+// of failing the whole claim, whose other rows would stay leased unsent.
+template <typename Q>
+event read_claimed(const row_of<Q>& row) {
+    using col = typename Q::col;
+    event e;
+    e.id = row[col::id].template as<std::int64_t>();
+    e.attempt = row[col::attempts].template as<std::int32_t>();
+    e.topic = row[col::topic].c_str();
+    if (const auto key = row[col::ordering_key]; !key.is_null()) e.ordering_key = std::string(key.c_str(), key.size());
+    const auto payload = row[col::payload];
+    e.payload.assign(payload.c_str(), payload.size());
+    try {
+        e.headers = parse_headers(row[col::headers].c_str());
+    } catch (const std::exception&) {
+        // Not the parser's text: it quotes the offending bytes.
+        e.undecodable = "the event's headers cannot be decoded as UTF-8 JSON (the database's encoding is not "
+                        "UTF-8?); it cannot be sent";
+    }
+    return e;
+}
+
+// An event claim's rows: the events, then one more row (id NULL) that says
+// what is due next and where the claim stopped.
+template <typename Q>
+claim_result read_claim(const rows_of<Q>& rows) {
+    using col = typename Q::col;
+    claim_result out;
+    out.events.reserve(rows.size());
+    for (const auto& row : rows) {
+        if (row[col::id].is_null()) {
+            if (const auto next = row[col::next_due_ms]; !next.is_null()) {
+                out.next_due = std::chrono::milliseconds(std::max<long long>(0, next.template as<long long>()));
+            }
+            out.deliveries_due = row[col::deliveries_due].template as<bool>();
+            if (const auto at = row[col::watermark_at]; !at.is_null()) {
+                out.last = claim_watermark{at.c_str(), row[col::watermark_id].template as<std::int64_t>()};
+            }
+            out.low_mark = row[col::low_mark].c_str();
+            out.picked = row[col::picked].template as<std::size_t>();
+            continue;
+        }
+        auto e = read_claimed(row);
+        e.key_pending = row[col::key_pending].template as<bool>();
+        if (const auto only = row[col::destinations]; !only.is_null()) e.only_to = destination_names(only.c_str());
+        out.events.push_back(std::move(e));
+    }
+    return out;
+}
+
+std::string prepared_name(std::string_view query, std::size_t size) { return fmt::format("{}_{}", query, size); }
+
+}  // namespace
+
+std::size_t claim_size(std::size_t wanted) noexcept {
+    if (wanted == 0) return 0;
+    std::size_t size = 1;
+    while (size * 2 <= wanted && size * 2 <= largest_claim) size *= 2;
+    return size;
+}
+
+std::string store::claim_sql(std::size_t size, claim_from from) const {
+    const auto limit = fmt::format("{}", size);
+    switch (from) {
+        case claim_from::low_mark:
+            return q::claim_from::text(schema_, {.claim_size = limit, .known_destination = known_destination_});
+        case claim_from::drain_watermark:
+            return q::claim_after::text(schema_, {.claim_size = limit, .known_destination = known_destination_});
+        case claim_from::beginning:
+            break;
+    }
+    return q::claim::text(schema_, {.claim_size = limit, .known_destination = known_destination_});
+}
+
+std::string store::claim_deliveries_sql(std::size_t size) const {
+    return q::claim_deliveries::text(schema_, {.claim_size = fmt::format("{}", size)});
+}
+
+claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
+                          const std::optional<claim_watermark>& after, const std::optional<std::string>& low_mark) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        const auto size = claim_size(limit);
+        const auto lease_ms = static_cast<long long>(lease.count());
+        if (after) {
+            return read_claim(exec_prepared(tx, prepared_name(q::claim_after::name, size),
+                                            q::claim_after::args{.owner = owner_,
+                                                                 .lease_ms = lease_ms,
+                                                                 .watermark_at = after->available_at,
+                                                                 .watermark_id = after->id}));
+        }
+        if (low_mark) {
+            return read_claim(exec_prepared(
+                tx, prepared_name(q::claim_from::name, size),
+                q::claim_from::args{.owner = owner_, .lease_ms = lease_ms, .low_mark = *low_mark}));
+        }
+        return read_claim(exec_prepared(tx, prepared_name(q::claim::name, size),
+                                        q::claim::args{.owner = owner_, .lease_ms = lease_ms}));
+    });
+}
+
+std::vector<event> store::claim_deliveries(std::size_t limit, std::chrono::milliseconds lease,
+                                           std::span<const std::string> destinations) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        const auto r = exec_prepared(
+            tx, prepared_name(q::claim_deliveries::name, claim_size(limit)),
+            q::claim_deliveries::args{
+                .owner = owner_,
+                .lease_ms = static_cast<long long>(lease.count()),
+                .destinations = text_array(destinations, [](const std::string& d) { return std::optional(d); })});
+        std::vector<event> out;
+        out.reserve(r.size());
+        for (const auto& row : r) {
+            auto e = read_claimed(row);
+            const auto destination = row[q::claim_deliveries::col::destination];
+            e.destination = std::string(destination.c_str(), destination.size());
+            out.push_back(std::move(e));
+        }
+        return out;
+    });
+}
+
+// Size 0 claims nothing and still reports what is due next.
+void store::prepare_claims(pqxx::connection& c) const {
+    for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
+        c.prepare(prepared_name(q::claim::name, size), claim_sql(size, claim_from::beginning));
+        c.prepare(prepared_name(q::claim_from::name, size), claim_sql(size, claim_from::low_mark));
+        c.prepare(prepared_name(q::claim_after::name, size), claim_sql(size, claim_from::drain_watermark));
+        c.prepare(prepared_name(q::claim_deliveries::name, size), claim_deliveries_sql(size));
+    }
+}
+
+}  // namespace outboxd::pg

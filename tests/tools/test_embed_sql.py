@@ -1,0 +1,64 @@
+"""tools/embed_sql.py refuses queries whose descriptors would not match their
+SQL, and describes the ones it accepts (the pg suite then checks those
+descriptions against PostgreSQL: tests/pg/queries_pgtest.cpp)."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "embed_sql.py"
+MIGRATIONS = sorted(str(p) for p in (ROOT / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))
+
+
+def embed(tmp_path, queries):
+    path = tmp_path / "queries.sql"
+    path.write_text(queries)
+    run = subprocess.run([sys.executable, str(TOOL), "--output", str(tmp_path / "e.cpp"),
+                          "--header", str(tmp_path / "q.hpp"), "--queries", str(path),
+                          "--migrations", *MIGRATIONS], capture_output=True, text=True)
+    header = (tmp_path / "q.hpp").read_text() if run.returncode == 0 else ""
+    return run.returncode, run.stderr, header
+
+
+def test_a_query_is_described_by_its_parameters_and_columns(tmp_path):
+    rc, err, header = embed(tmp_path, """-- name: reschedule
+-- params: id, owner
+-- $9 in a comment is not a parameter, nor ':word' in a literal
+UPDATE :"schema".events SET last_error = ':nope' WHERE id = $1 AND lease_owner = $2
+RETURNING id, available_at::text, now() - created_at AS age;
+""")
+    assert rc == 0, err
+    assert 'params = std::array<std::string_view, 2>{"id", "owner"}' in header
+    assert "enum class col : int { id, available_at, age };" in header
+    assert "T0 id;  // $1" in header
+
+
+def test_a_variant_is_a_statement_of_its_own_with_its_extra_parameters(tmp_path):
+    rc, err, header = embed(tmp_path, """-- name: claim
+-- params: owner
+-- variant claim: :where = true
+-- variant claim_from (mark): :where = id > $2
+SELECT id FROM :"schema".events WHERE lease_owner = $1 AND :where LIMIT :size;
+""")
+    assert rc == 0, err
+    assert "struct claim_from {" in header
+    assert 'std::array<std::string_view, 2>{"owner", "mark"}' in header
+    assert "fragment size;" in header and "fragment where;" not in header
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("SELECT id FROM t WHERE id = $1;", "uses $1 but declares no name for it"),
+    ("-- params: id, owner\nSELECT id FROM t WHERE id = $1;", "declares $2 (owner) but never uses it"),
+    ("-- params: a\nSELECT id FROM t WHERE id = $1 OR id = $3;", "uses $3 but declares no name"),
+    ("SELECT id, count(*) > 1 FROM t;", "result column 1 ('count() > 1') has no name"),
+    ("SELECT id, topic FROM t UNION ALL SELECT NULL FROM t;", "branch 2 of its UNION returns 1 columns, the first 2"),
+    ("SELECT t.id, u.id FROM t, u;", "two result columns named id"),
+    ("-- variant other: :nothing = true\nSELECT id FROM t;", "fills :nothing, which the query does not have"),
+    ("-- params: values\nSELECT $1 AS x;", "'values' is not usable as a C++ name"),
+])
+def test_a_query_that_does_not_match_its_description_fails_the_build(tmp_path, sql, message):
+    rc, err, _ = embed(tmp_path, "-- name: q\n" + sql + "\n")
+    assert rc == 1
+    assert message in err
