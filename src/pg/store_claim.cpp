@@ -90,13 +90,6 @@ std::string prepared_name(std::string_view query, std::size_t size) { return fmt
 
 }  // namespace
 
-std::size_t claim_size(std::size_t wanted) noexcept {
-    if (wanted == 0) return 0;
-    std::size_t size = 1;
-    while (size * 2 <= wanted && size * 2 <= largest_claim) size *= 2;
-    return size;
-}
-
 std::string store::claim_sql(std::size_t size, claim_from from) const {
     const auto limit = fmt::format("{}", size);
     switch (from) {

@@ -114,6 +114,8 @@ sweep_interval = "500ms"
 signing_secrets_env = "OUTBOXD_TEST_SIGNING_SECRETS"
 headers = {{ Authorization = "Bearer {s.auth_token}", X-Api-Key = "{s.api_key}" }}
 retry = {{ base = "100ms", cap = "300ms", max_attempts = 3 }}
+# Every failure is to reach the log, attempt after attempt: no circuit opens.
+circuit = {{ failures = 0 }}
 
 [destinations.ok]
 url = "{ok.url}?token={s.url_token}"

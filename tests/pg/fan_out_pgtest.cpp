@@ -127,7 +127,7 @@ TEST_CASE("each delivery outcome is fenced by the attempt alone and by the owner
     auto a = db.store("a");
     auto b = db.store("b");
     std::vector<std::int64_t> ids;
-    for (int i = 0; i < 3; ++i) ids.push_back(a.enqueue(ev()));
+    for (int i = 0; i < 3; ++i) ids.push_back(db.enqueue(ev()));
     REQUIRE(claim_all(a, 4).size() == 3);
     for (const auto id : ids) REQUIRE(a.fan_out({id, 1}, std::vector{owe("audit")}, {}));
     // Relay a claims the deliveries (attempt 2) with a lease that expires at

@@ -226,7 +226,7 @@ TEST_CASE("a relay that re-claims its own expired lease is fenced out by the att
     installed db;
     auto a = db.store("relay-a");
     std::vector<std::int64_t> ids;
-    for (int i = 0; i < 3; ++i) ids.push_back(a.enqueue(ev("t")));
+    for (int i = 0; i < 3; ++i) ids.push_back(db.enqueue(ev("t")));
     REQUIRE(a.claim(4, 1ms).events.size() == 3);
     // The same owner claims them again once the 1 ms leases have expired.
     std::vector<event> again;
@@ -259,7 +259,7 @@ TEST_CASE("another relay naming the current attempt is fenced out by the owner a
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
     std::vector<std::int64_t> ids;
-    for (int i = 0; i < 3; ++i) ids.push_back(a.enqueue(ev("t")));
+    for (int i = 0; i < 3; ++i) ids.push_back(db.enqueue(ev("t")));
     REQUIRE(a.claim(4, 30s).events.size() == 3);
     const auto state = [&] {
         return db.query("SELECT string_agg(lease_owner || ':' || attempts || ':' || "
