@@ -74,6 +74,8 @@ std::size_t write_outcomes(pg::store& store, const outcome_batch& batch) {
     for (const auto& d : batch.dead) fenced += store.bury(d.ref, d.error, d.status, d.excerpt) ? 0 : 1;
     for (const auto& f : batch.fan_outs) fenced += store.fan_out(f.ref, f.owed, f.dead) ? 0 : 1;
     fenced += store.finish_deliveries(batch.deliveries);
+    for (const auto& h : batch.handed_back) fenced += store.hand_back(h.ref, h.delay) ? 0 : 1;
+    for (const auto& h : batch.deliveries_handed_back) fenced += store.hand_back_delivery(h.ref, h.delay) ? 0 : 1;
     return fenced;
 }
 

@@ -21,8 +21,10 @@
 //                  the request still fits in the lease
 //          ─> settled: its outcome joins the pending batch, and the slot
 //             is free (finished())
-//   A ready item whose lease would end before an attempt could is not sent:
-//   the lease runs out and the event is claimed again.
+//   An item that cannot be sent after all (its lease would end before an
+//   attempt could, its destination's circuit opened, shutdown began) is
+//   handed back: due again, its claim's attempt taken back, since attempts
+//   count requests actually sent.
 //
 // Claims (see core/dispatcher.hpp and core/claim_capacity.hpp): one at a
 // time, sized to the free slots, which include events claimed ahead of
@@ -48,8 +50,8 @@
 // the circuit probe, and the shutdown timeout. Each arm carries a generation; a timer that
 // fires after it was re-armed or cancelled is ignored.
 //
-// Shutdown: the first signal stops claiming and drops the ready queue
-// (their leases are released), lets what is being sent finish, writes what
+// Shutdown: the first signal stops claiming and hands the ready queue back
+// unsent, lets what is being sent finish, writes what
 // is pending, then finishes (release every lease we hold, stop). The
 // shutdown timeout finishes without waiting further; a second signal exits
 // at once.
@@ -262,9 +264,8 @@ private:
     [[nodiscard]] std::size_t free_connections(std::size_t destination);
     void judge_health(std::size_t destination, const send_result& r);
     void arm_probe();
-    // A claimed delivery its destination's open circuit will not take: back
-    // to the outbox, due when the circuit probes.
-    void hand_back(const owed_item& item, std::size_t destination);
+    void hand_back(const event& e, std::chrono::milliseconds delay);
+    void hand_back_to_circuit(const event& e, std::size_t destination);
     void start_waiting(std::size_t destination, owed_item item);
     [[nodiscard]] destination_result judge(std::size_t destination, std::int32_t attempt, const send_result& r);
     void log_result(std::int64_t id, const destination_result& res, std::int32_t attempt,

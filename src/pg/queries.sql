@@ -711,3 +711,43 @@ ORDER BY 1;
 UPDATE :"schema".deliveries
 SET available_at = now()
 WHERE destination = $1 AND lease_owner IS NULL AND available_at > now();
+
+-- name: hand_back
+-- params: id, attempt, owner, delay_ms
+-- Claimed but never sent (it waited too long for a delivery slot, or the
+-- relay is shutting down before sending it): back to the outbox, due after
+-- delay_ms, and the claim's attempt is taken back, so that attempts count
+-- requests actually sent. Fenced like `complete`; nothing was sent under
+-- this attempt, so no outcome can arrive for it later.
+WITH returned AS (
+    UPDATE :"schema".events
+    SET available_at = now() + $4 * interval '1 millisecond',
+        lease_owner = NULL,
+        attempts = attempts - 1
+    WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+    RETURNING id, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING returned
+    WHERE h.ordering_key = returned.ordering_key AND h.destination = '' AND h.event_id = returned.id
+)
+SELECT id FROM returned;
+
+-- name: hand_back_delivery
+-- params: id, destination, attempt, owner, delay_ms
+-- `hand_back` for one destination's delivery (its circuit is open, or no
+-- connection to it came free within the lease).
+WITH returned AS (
+    UPDATE :"schema".deliveries
+    SET available_at = now() + $5 * interval '1 millisecond',
+        lease_owner = NULL,
+        attempts = attempts - 1
+    WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
+    RETURNING event_id, destination, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING returned
+    WHERE h.ordering_key = returned.ordering_key AND h.destination = returned.destination
+      AND h.event_id = returned.event_id
+)
+SELECT event_id FROM returned;

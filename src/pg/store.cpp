@@ -290,4 +290,29 @@ std::size_t store::release_waiting_deliveries(const std::string& destination) {
     });
 }
 
+bool store::hand_back(lease_ref e, std::chrono::milliseconds delay) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_,
+                           q::hand_back::args{.id = e.id,
+                                              .attempt = e.attempt,
+                                              .owner = owner_,
+                                              .delay_ms = static_cast<long long>(delay.count())})
+                   .size() == 1;
+    });
+}
+
+bool store::hand_back_delivery(const delivery_ref& d, std::chrono::milliseconds delay) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_,
+                           q::hand_back_delivery::args{.id = d.id,
+                                                       .destination = d.destination,
+                                                       .attempt = d.attempt,
+                                                       .owner = owner_,
+                                                       .delay_ms = static_cast<long long>(delay.count())})
+                   .size() == 1;
+    });
+}
+
 }  // namespace outboxd::pg

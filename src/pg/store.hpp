@@ -134,6 +134,11 @@ public:
     // ago, oldest first. Returns how many.
     std::size_t purge_dead_letters(std::chrono::milliseconds retention, std::size_t batch);
 
+    // Claimed but never sent: back to the outbox due after `delay`, the
+    // claim's attempt taken back. False when the lease was no longer ours.
+    [[nodiscard]] bool hand_back(lease_ref e, std::chrono::milliseconds delay);
+    [[nodiscard]] bool hand_back_delivery(const delivery_ref& d, std::chrono::milliseconds delay);
+
     // Makes the deliveries waiting out a backoff at `destination` due now
     // (its circuit closed). Returns how many.
     std::size_t release_waiting_deliveries(const std::string& destination);
