@@ -146,6 +146,12 @@ void store::set_up(pqxx::connection& c) {
         c.prepare(fmt::format("claim_after_{}", size), claim_sql(size, claim_from::drain_watermark));
         c.prepare(fmt::format("claim_deliveries_{}", size), sized("claim_deliveries", size));
     }
+    if (bound_to_session_) {
+        // Before any claim on this session: a lease it stamps is then always
+        // covered by the lock (see register_relay).
+        pqxx::nontransaction tx(c);
+        tx.exec_params(queries_.sql("register_relay"), owner_);
+    }
     queries_.prepare(c, {"complete", "reschedule", "bury", "release", "enqueue", "fan_out",
                          "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
                          "reschedule_delivery", "bury_delivery", "delete_finished_events",
@@ -456,6 +462,35 @@ std::int64_t store::enqueue(const new_event& e) {
                                          static_cast<long long>(e.delay.count()));
         tx.commit();
         return r[0].as<std::int64_t>();
+    });
+}
+
+void store::bind_leases_to_session() {
+    const bool fresh = !connected();
+    bound_to_session_ = true;
+    if (!fresh) {
+        guarded([&](pqxx::connection& c) {
+            pqxx::nontransaction tx(c);
+            tx.exec_params(queries_.sql("register_relay"), owner_);
+        });
+    } else {
+        (void)conn();  // set_up registers
+    }
+}
+
+store::takeover store::take_over_dead_relays() {
+    return guarded([&](pqxx::connection& c) {
+        takeover out;
+        pqxx::work tx(c);
+        for (const auto& row : tx.exec_params(queries_.sql("find_dead_relays"), owner_)) {
+            out.relays.push_back(row[0].as<std::string>());
+        }
+        if (!out.relays.empty()) {
+            const auto owners = text_array(out.relays, [](const std::string& o) { return std::optional(o); });
+            out.leases = tx.exec_params(queries_.sql("take_over_leases"), owners).size();
+        }
+        tx.commit();
+        return out;
     });
 }
 

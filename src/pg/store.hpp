@@ -173,6 +173,25 @@ private:
     std::optional<std::vector<std::string>> destinations_;
     query_book queries_;
     std::unique_ptr<pqxx::connection> conn_;
+
+public:
+    // Leases bound to a live relay (sql/0006), for the connection that
+    // claims: holds this lease owner's advisory lock for as long as the
+    // session lives and registers it, now and again on every new connection
+    // before its first statement. Call once the schema is known to be
+    // migrated.
+    void bind_leases_to_session();
+    struct takeover {
+        std::vector<std::string> relays;  // lease owners found dead
+        std::size_t leases = 0;           // events and deliveries handed back
+    };
+    // Finds the registered relays whose session is gone (their lock is
+    // free), hands back their leases due now and forgets them. One short
+    // transaction; with no relay dead, one indexed read of `relays`.
+    [[nodiscard]] takeover take_over_dead_relays();
+
+private:
+    bool bound_to_session_ = false;
 };
 
 }  // namespace outboxd::pg
