@@ -675,17 +675,19 @@ ORDER BY 1;
 -- claims, before its first claim and again after every reconnect: the
 -- session-level advisory lock first, then the row that tells other relays
 -- which lock to try. Never the other way round: another relay could find
--- the row, take the free lock in between and take over a live relay. Waits
--- only while another relay's takeover holds the lock (its transaction is
--- short): then it has just handed back what we held through the session
--- that was lost, and we start afresh. $1 = lease owner.
+-- the row, take the free lock in between and take over a live relay. Only
+-- tried, never waited for: after a network partition our previous session
+-- may live on at the server for a while, holding the lock (it covers our
+-- leases meanwhile); the store tries again before each claim until it has
+-- it. Returns a row when the lock is ours. $1 = lease owner.
 WITH locked AS (
-    SELECT key, pg_advisory_lock(key)
+    SELECT key, pg_try_advisory_lock(key) AS got
     FROM (SELECT hashtextextended('outboxd.relay.' || $1, 0) AS key) AS k
 )
 INSERT INTO :"schema".relays (lease_owner, lock_key)
-SELECT $1, key FROM locked
-ON CONFLICT (lease_owner) DO UPDATE SET lock_key = excluded.lock_key;
+SELECT $1, key FROM locked WHERE got
+ON CONFLICT (lease_owner) DO UPDATE SET lock_key = excluded.lock_key
+RETURNING lease_owner;
 
 -- name: find_dead_relays
 -- The other relays whose claiming session is gone: their lock is free. Run

@@ -1,6 +1,7 @@
 #include "pg/store.hpp"
 
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -146,12 +147,8 @@ void store::set_up(pqxx::connection& c) {
         c.prepare(fmt::format("claim_after_{}", size), claim_sql(size, claim_from::drain_watermark));
         c.prepare(fmt::format("claim_deliveries_{}", size), sized("claim_deliveries", size));
     }
-    if (bound_to_session_) {
-        // Before any claim on this session: a lease it stamps is then always
-        // covered by the lock (see register_relay).
-        pqxx::nontransaction tx(c);
-        tx.exec_params(queries_.sql("register_relay"), owner_);
-    }
+    holds_session_lock_ = false;
+    if (bound_to_session_) register_session(c);
     queries_.prepare(c, {"complete", "reschedule", "bury", "release", "enqueue", "fan_out",
                          "fan_out_deliveries", "fan_out_dead", "lock_events", "complete_deliveries",
                          "reschedule_delivery", "bury_delivery", "delete_finished_events",
@@ -260,6 +257,7 @@ event read_claimed(const pqxx::row& row) {
 claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
                           const std::optional<claim_watermark>& after, const std::optional<std::string>& low_mark) {
     return guarded([&](pqxx::connection& c) {
+        if (bound_to_session_ && !holds_session_lock_) register_session(c);
         pqxx::nontransaction tx(c);
         const auto size = claim_size(limit);
         const auto lease_ms = static_cast<long long>(lease.count());
@@ -469,12 +467,24 @@ void store::bind_leases_to_session() {
     const bool fresh = !connected();
     bound_to_session_ = true;
     if (!fresh) {
-        guarded([&](pqxx::connection& c) {
-            pqxx::nontransaction tx(c);
-            tx.exec_params(queries_.sql("register_relay"), owner_);
-        });
+        guarded([&](pqxx::connection& c) { register_session(c); });
     } else {
         (void)conn();  // set_up registers
+    }
+}
+
+// Before any claim on a session: a lease it stamps is then covered by the
+// lock (see register_relay), or, while our previous session still holds it,
+// by that one.
+void store::register_session(pqxx::connection& c) {
+    // A previous session that we closed ends at the server a moment later:
+    // a few tries cover that; one that lingers (a partition) is tried again
+    // at the next claim.
+    for (int attempt = 0; attempt < 10; ++attempt) {
+        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        pqxx::nontransaction tx(c);
+        holds_session_lock_ = !tx.exec_params(queries_.sql("register_relay"), owner_).empty();
+        if (holds_session_lock_) return;
     }
 }
 

@@ -191,7 +191,9 @@ public:
     [[nodiscard]] takeover take_over_dead_relays();
 
 private:
+    void register_session(pqxx::connection& c);
     bool bound_to_session_ = false;
+    bool holds_session_lock_ = false;
 };
 
 }  // namespace outboxd::pg
