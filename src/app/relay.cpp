@@ -107,7 +107,8 @@ public:
                     cfg_.db_keepalive_timeout),
           signals_(ioc_, SIGINT, SIGTERM),
           timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
-                  net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_)} {
+                  net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
+                  net::steady_timer(ioc_)} {
         for (const auto& d : cfg_.destinations) {
             try {
                 sinks_.push_back(d.kind == transport::stdout_lines
@@ -147,6 +148,7 @@ private:
             store_.connect();
             check_schema(store_.schema_version());
             message_prefix_ = store_.message_prefix();
+            if (cfg_.live_leases) store_.bind_leases_to_session();
             outcome_store_.connect();
             listener_.connect_now();
         } catch (const fatal_error&) {
@@ -321,6 +323,19 @@ private:
                     }
                     net::post(ioc_, [this, more = purged == batch] {
                         feed([&](relay_engine& e) { e.dead_letters_purged(more); });
+                    });
+                });
+                break;
+            case housekeeping_job::dead_relays:
+                housekeeping("taking over the leases of dead relays", [this](pg::store& s) {
+                    const auto taken = s.take_over_dead_relays();
+                    if (taken.relays.empty()) return;
+                    std::string owners;
+                    for (const auto& o : taken.relays) owners += (owners.empty() ? "" : " ") + o;
+                    log::info("took over the leases of relays whose database session is gone",
+                              {{"relays", owners}, {"leases", fmt::format("{}", taken.leases)}});
+                    net::post(ioc_, [this, n = taken.leases] {
+                        feed([&](relay_engine& e) { e.relays_taken_over(n); });
                     });
                 });
                 break;

@@ -79,6 +79,11 @@ struct config {
     std::size_t concurrency = 32;         // deliveries in flight at most, all destinations
     std::chrono::milliseconds lease{30'000};
     std::chrono::milliseconds sweep_interval{30'000};
+    // Leases bound to the relay's database session (sql/0006): a dead
+    // relay's leases are taken over within a second. Off behind a
+    // transaction pooler, where a session is not the relay's own: leases
+    // then expire as before.
+    bool live_leases = true;
     std::chrono::milliseconds shutdown_timeout{10'000};
     // Idempotency keys older than this are forgotten (the relay purges them
     // at every sweep): a producer retrying with the same key later makes a

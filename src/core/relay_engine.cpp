@@ -59,6 +59,11 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             wake();  // a claim that includes the destinations that may probe now
             arm_probe();
             break;
+        case relay_timer::takeover:
+            if (dispatch_.stopping()) break;
+            emit(housekeeping_command{housekeeping_job::dead_relays});
+            arm(relay_timer::takeover, clock_.steady() + takeover_interval);
+            break;
         case relay_timer::shutdown:
             log::warn("shutdown timeout: releasing deliveries still in flight",
                       {{"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))}});
@@ -72,6 +77,20 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
 void relay_engine::start(std::string message_prefix) {
     message_prefix_ = std::move(message_prefix);
     arm(relay_timer::sweep, clock_.steady() + cfg_.sweep_interval);
+    wake();
+    if (cfg_.live_leases) {
+        // At once: a restarted relay picks up its predecessor's work.
+        emit(housekeeping_command{housekeeping_job::dead_relays});
+        arm(relay_timer::takeover, clock_.steady() + takeover_interval);
+    }
+}
+
+void relay_engine::relays_taken_over(std::size_t leases) {
+    if (leases == 0 || dispatch_.stopping()) return;
+    // Handed back due now, events and deliveries alike; a key they held may
+    // have later events waiting behind the marks: claim from the beginning.
+    deliveries_due_ = true;
+    reset_claim_marks(true);
     wake();
 }
 
@@ -691,6 +710,7 @@ void relay_engine::signalled(int signal_number) {
     cancel(relay_timer::sweep);
     cancel(relay_timer::next_due);
     cancel(relay_timer::claim_retry);
+    cancel(relay_timer::takeover);
     arm(relay_timer::shutdown, clock_.steady() + cfg_.shutdown_timeout);
     maybe_finish();
 }

@@ -45,7 +45,8 @@
 // success closes it and its waiting deliveries are released at once.
 //
 // Timers: the sweep (a claim now and then for what no wake-up announced,
-// and housekeeping), the next-due timer (retries and delayed events on
+// and housekeeping), the takeover (every second with live leases: hand back
+// the leases of relays whose database session is gone, sql/0006), the next-due timer (retries and delayed events on
 // time, never further than the sweep), the claim and flush retry timers,
 // the circuit probe, and the shutdown timeout. Each arm carries a generation; a timer that
 // fires after it was re-armed or cancelled is ignored.
@@ -85,8 +86,8 @@ namespace outboxd {
 
 using steady_time = std::chrono::steady_clock::time_point;
 
-enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe };
-inline constexpr std::size_t relay_timer_count = 6;
+enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe, takeover };
+inline constexpr std::size_t relay_timer_count = 7;
 
 // What a destination made of one request (the sink's report, I/O-free).
 struct send_result {
@@ -129,7 +130,9 @@ struct cancel_timer_command {
 };
 // Housekeeping on the outcome connection, off the claim path; a failure is
 // only logged (the next sweep tries again).
-enum class housekeeping_job { idempotency_keys, key_holds, orphan_deliveries, dead_letters };
+// dead_relays: take over the leases of relays whose session is gone; feed
+// back relays_taken_over().
+enum class housekeeping_job { idempotency_keys, key_holds, orphan_deliveries, dead_letters, dead_relays };
 struct housekeeping_command {
     housekeeping_job job = housekeeping_job::key_holds;
 };
@@ -172,6 +175,12 @@ public:
     void signalled(int signal_number);
     // A dead-letter purge came back with a full batch: more may be past retention.
     void dead_letters_purged(bool more);
+    // A takeover handed back `leases` of dead relays, due now.
+    void relays_taken_over(std::size_t leases);
+
+    // How often a relay with live leases looks for dead relays: a killed
+    // relay's work waits about this long, not for its lease to expire.
+    static constexpr std::chrono::milliseconds takeover_interval{1'000};
 
     // What to do now, in order; each input adds to it.
     [[nodiscard]] std::vector<relay_command> take_commands();

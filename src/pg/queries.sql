@@ -751,3 +751,68 @@ WITH returned AS (
       AND h.event_id = returned.event_id
 )
 SELECT event_id FROM returned;
+
+-- name: register_relay
+-- params: owner
+-- Binds our leases to this session (sql/0006), on the connection that
+-- claims, before its first claim and again after every reconnect: the
+-- session-level advisory lock first, then the row that tells other relays
+-- which lock to try. Never the other way round: another relay could find
+-- the row, take the free lock in between and take over a live relay. Only
+-- tried, never waited for: after a network partition our previous session
+-- may live on at the server for a while, holding the lock (it covers our
+-- leases meanwhile); the store tries again before each claim until it has
+-- it. Returns a row when the lock is ours.
+WITH locked AS (
+    SELECT key, pg_try_advisory_lock(key) AS got
+    FROM (SELECT hashtextextended('outboxd.relay.' || $1, 0) AS key) AS k
+)
+INSERT INTO :"schema".relays (lease_owner, lock_key)
+SELECT $1, key FROM locked WHERE got
+ON CONFLICT (lease_owner) DO UPDATE SET lock_key = excluded.lock_key
+RETURNING lease_owner;
+
+-- name: find_dead_relays
+-- params: owner
+-- The other relays whose claiming session is gone: their lock is free. Run
+-- in the takeover's transaction, which keeps each lock it got until it
+-- commits, so a relay that only lost its connection cannot come back
+-- between this and take_over_leases (register_relay waits for us). A lock
+-- held by a live session is only tried, never waited for. OFFSET 0: the
+-- lock is tried only for rows past the filter (never our own).
+SELECT lease_owner
+FROM (SELECT lease_owner, lock_key FROM :"schema".relays WHERE lease_owner <> $1 OFFSET 0) AS other
+WHERE pg_try_advisory_xact_lock(lock_key);
+
+-- name: take_over_leases
+-- params: owners
+-- The leases of relays find_dead_relays found dead, handed back due now
+-- like `release` hands back our own, and the relays forgotten. The attempt
+-- number stays: the dead relay may have sent the request (so it counts),
+-- and a late outcome from a relay that was not quite dead is refused by the
+-- fencing (lease owner and attempt). Only leases still running
+-- (available_at in the future; an expired one is claimable already): that
+-- range of the available_at indexes holds leases, retries and delayed
+-- events, never the due backlog. owners: the dead relays' lease owners.
+WITH forgotten AS (
+    DELETE FROM :"schema".relays WHERE lease_owner = ANY ($1::text[])
+), events_released AS (
+    UPDATE :"schema".events
+    SET available_at = now(), lease_owner = NULL
+    WHERE lease_owner = ANY ($1::text[]) AND available_at > now() AND available_at < 'infinity'
+    RETURNING id, ordering_key
+), deliveries_released AS (
+    UPDATE :"schema".deliveries
+    SET available_at = now(), lease_owner = NULL
+    WHERE lease_owner = ANY ($1::text[]) AND available_at > now()
+    RETURNING event_id, destination, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    WHERE (h.ordering_key, h.destination, h.event_id) IN (
+        SELECT ordering_key, '', id FROM events_released WHERE ordering_key IS NOT NULL
+        UNION ALL
+        SELECT ordering_key, destination, event_id FROM deliveries_released WHERE ordering_key IS NOT NULL)
+)
+SELECT id FROM events_released
+UNION ALL
+SELECT event_id FROM deliveries_released;

@@ -647,3 +647,55 @@ TEST_CASE("relay engine: the probe timer wakes the relay at the probe time") {
     h.step();
     CHECK(h.has<claim_command>());
 }
+
+TEST_CASE("relay engine: live leases: a takeover at start and every second; leases handed back are claimed at once") {
+    harness h(one_destination(4));
+    (void)h.start();
+    const auto takeovers = [&] {
+        std::size_t n = 0;
+        for (const auto& c : h.all<housekeeping_command>()) n += c.job == housekeeping_job::dead_relays ? 1 : 0;
+        return n;
+    };
+    CHECK(takeovers() == 1);  // at once: a restarted relay picks up its predecessor's work
+    const auto timer = h.armed(relay_timer::takeover);
+    REQUIRE(timer);
+    CHECK(timer->at == h.clock.now + relay_engine::takeover_interval);
+    h.claim_returns({});
+
+    h.clock.advance(relay_engine::takeover_interval);
+    h.engine.timer_fired(relay_timer::takeover, timer->generation);
+    h.step();
+    CHECK(takeovers() == 1);
+    REQUIRE(h.armed(relay_timer::takeover));
+    CHECK_FALSE(h.has<claim_command>());
+
+    // Nothing handed back: no claim. Some: a claim at once, from the
+    // beginning, deliveries included.
+    h.engine.relays_taken_over(0);
+    h.step();
+    CHECK_FALSE(h.has<claim_command>());
+    h.engine.relays_taken_over(3);
+    h.step();
+    const auto claim = h.one<claim_command>();
+    CHECK(claim.request.deliveries_due);
+    CHECK_FALSE(claim.request.low_mark);
+    CHECK_FALSE(claim.request.drain_watermark);
+    h.claim_returns({});
+
+    // After a signal: no more takeovers.
+    const auto last = *h.armed(relay_timer::takeover);
+    h.engine.signalled(15);
+    h.step();
+    h.engine.timer_fired(relay_timer::takeover, last.generation);
+    h.step();
+    CHECK(takeovers() == 0);
+}
+
+TEST_CASE("relay engine: live leases off: no takeover") {
+    auto cfg = one_destination(4);
+    cfg.live_leases = false;
+    harness h(cfg);
+    (void)h.start();
+    CHECK(h.all<housekeeping_command>().empty());
+    CHECK_FALSE(h.armed(relay_timer::takeover));
+}
