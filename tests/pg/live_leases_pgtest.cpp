@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <pqxx/pqxx>
 
-#include "pg/migrator.hpp"
+#include "pg/producer.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
 
@@ -19,18 +19,7 @@ using outboxd::testing::scalar;
 
 namespace {
 
-struct installed {
-    testing::scratch_schema schema;
-    std::unique_ptr<pqxx::connection> admin = testing::connect();
-    installed() { (void)pg::migrate(*admin, schema.name()); }
-
-    [[nodiscard]] pg::store store(const std::string& owner) const {
-        return pg::store(testing::database_url(), schema.name(), owner);
-    }
-    std::string query(const std::string& sql_with_schema) {
-        return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
-    }
-};
+using testing::installed;
 
 pg::new_event ev(std::optional<std::string> key = std::nullopt) {
     pg::new_event e;
@@ -59,8 +48,8 @@ TEST_CASE("live leases: a relay's leases are not taken over while its session li
     auto peer = db.store("relay-peer");
     a.bind_leases_to_session();
     peer.bind_leases_to_session();
-    const auto keyed = a.enqueue(ev("k"));
-    const auto plain = a.enqueue(ev());
+    const auto keyed = db.enqueue(ev("k"));
+    const auto plain = db.enqueue(ev());
     const auto claimed = a.claim(10, 60s);
     REQUIRE(claimed.events.size() == 2);
 
@@ -88,7 +77,7 @@ TEST_CASE("live leases: a relay's leases are not taken over while its session li
     for (const auto& e : again.events) CHECK(e.attempt == 2);
     // A late outcome of the dead relay (a zombie) is refused by the fencing.
     auto zombie = db.store("relay-a");
-    CHECK(zombie.complete(std::vector<lease_ref>{{keyed, 1}, {plain, 1}}).empty());
+    CHECK(zombie.complete(std::vector<pg::lease_ref>{{keyed, 1}, {plain, 1}}).empty());
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "2");
 }
 
@@ -97,7 +86,7 @@ TEST_CASE("live leases: a relay that holds no lock (an older outboxd, or live le
     auto old = db.store("relay-old");  // not bound
     auto peer = db.store("relay-peer");
     peer.bind_leases_to_session();
-    (void)old.enqueue(ev());
+    (void)db.enqueue(ev());
     REQUIRE(old.claim(10, 60s).events.size() == 1);
     old.disconnect();
     const auto t = peer.take_over_dead_relays();
@@ -112,7 +101,7 @@ TEST_CASE("live leases: a relay that lost its connection holds its lock again be
     auto peer = db.store("relay-peer");
     a.bind_leases_to_session();
     peer.bind_leases_to_session();
-    (void)a.enqueue(ev());
+    (void)db.enqueue(ev());
     a.disconnect();
     REQUIRE(a.claim(10, 60s).events.size() == 1);  // on a new session, registered again first
     CHECK(peer.take_over_dead_relays().relays.empty());
