@@ -354,11 +354,15 @@ private:
     }
 
     void run(release_deliveries_command& c) {
-        outcome_worker_.submit([this, destination = std::move(c.destination)](pg::store& store) {
+        outcome_worker_.submit([this, destination = std::move(c.destination), just_one = c.just_one](pg::store& store) {
             try {
-                const auto released = store.release_waiting_deliveries(destination);
-                log::info("released waiting deliveries", {{"destination", destination},
-                                                          {"count", fmt::format("{}", released)}});
+                if (just_one) {
+                    (void)store.release_one_waiting_delivery(destination);
+                } else {
+                    const auto released = store.release_waiting_deliveries(destination);
+                    log::info("released waiting deliveries",
+                              {{"destination", destination}, {"count", fmt::format("{}", released)}});
+                }
             } catch (const std::exception& e) {
                 // They stay on their own schedule.
                 log::warn("releasing waiting deliveries failed",

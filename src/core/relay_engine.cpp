@@ -56,7 +56,16 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             flush_outcomes();
             break;
         case relay_timer::circuit_probe:
-            wake();  // a claim that includes the destinations that may probe now
+            // Something must be due there to probe with, though all it owes
+            // may wait out a backoff: the delivery due soonest is made due
+            // now. Then a claim that includes the destinations that may probe.
+            for (std::size_t i = 0; i < circuits_.size(); ++i) {
+                if (circuits_[i].state(clock_.steady()) == circuit_state::probing &&
+                    circuits_[i].allows_request(clock_.steady())) {
+                    emit(release_deliveries_command{cfg_.destinations[i].name, true});
+                }
+            }
+            wake();
             arm_probe();
             break;
         case relay_timer::takeover:
@@ -433,7 +442,7 @@ void relay_engine::judge_health(std::size_t i, const send_result& r) {
     if (closed) {
         log::info("destination recovered; circuit closed, its waiting deliveries are due now",
                   {{"destination", name}});
-        emit(release_deliveries_command{name});
+        emit(release_deliveries_command{name, false});
         return;
     }
     if (const auto at = circuit.probe_at(); at && (before == circuit_state::closed || *at > now)) {

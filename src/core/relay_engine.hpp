@@ -136,10 +136,12 @@ enum class housekeeping_job { idempotency_keys, key_holds, orphan_deliveries, de
 struct housekeeping_command {
     housekeeping_job job = housekeeping_job::key_holds;
 };
-// A destination's circuit closed: make its waiting deliveries due now (on
-// the outcome connection), then wake().
+// Make a destination's waiting deliveries due now (its circuit closed), or
+// only the one due soonest (its circuit may probe: that one is the probe),
+// on the outcome connection; then wake().
 struct release_deliveries_command {
     std::string destination;
+    bool just_one = false;
 };
 // Shutdown began: stop the wake-up sources (LISTEN).
 struct stop_listening_command {};

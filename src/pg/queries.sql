@@ -712,6 +712,21 @@ UPDATE :"schema".deliveries
 SET available_at = now()
 WHERE destination = $1 AND lease_owner IS NULL AND available_at > now();
 
+-- name: release_one_waiting_delivery
+-- params: destination
+-- A destination's circuit may probe, but everything it owes may be waiting
+-- out a backoff (a keyed stream waits behind its failed head): the delivery
+-- due soonest is made due now, to be the probe. Rows waiting behind their
+-- key are due already (available_at <= now()) and not touched: the one taken
+-- is a key's head or an unkeyed retry, so per-key order holds.
+UPDATE :"schema".deliveries
+SET available_at = now()
+WHERE (event_id, destination) = (
+    SELECT event_id, destination FROM :"schema".deliveries
+    WHERE destination = $1 AND lease_owner IS NULL AND available_at > now() AND available_at < 'infinity'
+    ORDER BY available_at, event_id
+    LIMIT 1);
+
 -- name: hand_back
 -- params: id, attempt, owner, delay_ms
 -- Claimed but never sent (it waited too long for a delivery slot, or the

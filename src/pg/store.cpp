@@ -294,6 +294,14 @@ std::size_t store::release_waiting_deliveries(const std::string& destination) {
     });
 }
 
+std::size_t store::release_one_waiting_delivery(const std::string& destination) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_, q::release_one_waiting_delivery::args{.destination = destination})
+            .affected_rows();
+    });
+}
+
 bool store::hand_back(lease_ref e, std::chrono::milliseconds delay) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);

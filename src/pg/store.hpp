@@ -156,6 +156,9 @@ public:
     // Makes the deliveries waiting out a backoff at `destination` due now
     // (its circuit closed). Returns how many.
     std::size_t release_waiting_deliveries(const std::string& destination);
+    // Makes the delivery due soonest at `destination` due now (a probe for
+    // its circuit). Returns how many (0 or 1).
+    std::size_t release_one_waiting_delivery(const std::string& destination);
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
 

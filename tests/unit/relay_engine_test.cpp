@@ -628,6 +628,7 @@ TEST_CASE("relay engine: a failing destination's circuit opens; its events are d
     CHECK(h.engine.circuit(0) == circuit_state::closed);
     const auto release = h.one<release_deliveries_command>();
     CHECK(release.destination == "down");
+    CHECK_FALSE(release.just_one);
 }
 
 TEST_CASE("relay engine: the probe timer wakes the relay at the probe time") {
@@ -646,6 +647,10 @@ TEST_CASE("relay engine: the probe timer wakes the relay at the probe time") {
     h.engine.timer_fired(relay_timer::circuit_probe, probe->generation);
     h.step();
     CHECK(h.has<claim_command>());
+    // All it owes may wait out a backoff: the delivery due soonest becomes the probe.
+    const auto nudge = h.one<release_deliveries_command>();
+    CHECK(nudge.destination == "a");
+    CHECK(nudge.just_one);
 }
 
 TEST_CASE("relay engine: live leases: a takeover at start and every second; leases handed back are claimed at once") {
