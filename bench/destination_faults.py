@@ -2,7 +2,7 @@
 """Fault scripts (issue 12): what a failing destination costs the others, and
 how fast everything recovers. Medians of --runs runs of each scenario.
 
-    bench/destination_faults.py DATABASE_URL [--runs 3] [--scenario stalled|outage|all]
+    bench/destination_faults.py DATABASE_URL [--runs 3] [--scenario stalled|outage|all] [--binary PATH]
 
 stalled  Destinations a and b, `--concurrency 4`, lease 8 s. a stalls: every
          request hangs past its 2 s timeout; events to a arrive at 10/s.
@@ -195,12 +195,14 @@ def main() -> int:
     parser.add_argument("database_url")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scenario", choices=["stalled", "outage", "all"], default="all")
+    parser.add_argument("--binary", default=BINARY, help="the outboxd to measure (default: build/outboxd)")
     args = parser.parse_args()
+    globals()["BINARY"] = args.binary
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"destination_faults_{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    print(f"commit {commit}, {args.runs} runs, medians")
+    print(f"commit {commit}, binary {args.binary}, {args.runs} runs, medians")
     if args.scenario in ("stalled", "all"):
         healthy, stalled = [], []
         for run in range(args.runs):

@@ -108,7 +108,7 @@ public:
           signals_(ioc_, SIGINT, SIGTERM),
           timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
                   net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
-                  net::steady_timer(ioc_)} {
+                  net::steady_timer(ioc_), net::steady_timer(ioc_)} {
         for (const auto& d : cfg_.destinations) {
             try {
                 sinks_.push_back(d.kind == transport::stdout_lines

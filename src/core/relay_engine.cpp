@@ -73,6 +73,9 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             emit(housekeeping_command{housekeeping_job::dead_relays});
             arm(relay_timer::takeover, clock_.steady() + takeover_interval);
             break;
+        case relay_timer::slow_requests:
+            give_up_slots_of_slow_requests();
+            break;
         case relay_timer::shutdown:
             log::warn("shutdown timeout: releasing deliveries still in flight",
                       {{"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))}});
@@ -256,14 +259,49 @@ void relay_engine::dead_letters_purged(bool more) {
 
 // ---- delivering --------------------------------------------------------------
 
-void relay_engine::finished() {
-    --sending_;
+void relay_engine::finished(bool slot_given_up) {
+    if (slot_given_up) {
+        --slow_in_flight_;
+    } else {
+        --sending_;
+    }
     delivery_rate_.record(clock_.steady());
     flush_outcomes();
     pump();
     fit_capacity();
-    start_claim(dispatch_.on_delivery_finished());
+    if (!slot_given_up) start_claim(dispatch_.on_delivery_finished());
     maybe_finish();
+}
+
+void relay_engine::watch_slow(std::uint64_t send_id) {
+    slow_watch_.emplace_back(clock_.steady() + slow_request_after, send_id);
+    if (!slow_timer_armed_) {
+        slow_timer_armed_ = true;
+        arm(relay_timer::slow_requests, slow_watch_.front().first);
+    }
+}
+
+void relay_engine::give_up_slots_of_slow_requests() {
+    slow_timer_armed_ = false;
+    const auto now = clock_.steady();
+    while (!slow_watch_.empty() && slow_watch_.front().first <= now) {
+        const auto id = slow_watch_.front().second;
+        slow_watch_.pop_front();
+        const auto it = sends_.find(id);
+        if (it == sends_.end()) continue;  // answered in time
+        auto& w = it->second;
+        bool& given_up = w.direct ? w.direct->slot_given_up : w.owed->slot_given_up;
+        if (given_up) continue;
+        given_up = true;
+        --sending_;
+        ++slow_in_flight_;
+        pump();
+        start_claim(dispatch_.on_delivery_finished());
+    }
+    if (!slow_watch_.empty()) {
+        slow_timer_armed_ = true;
+        arm(relay_timer::slow_requests, slow_watch_.front().first);
+    }
 }
 
 void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end) {
@@ -392,6 +430,7 @@ void relay_engine::send(std::size_t i, std::shared_ptr<const event> e, header_li
     const auto deadline = lease_end - std::min(cfg_.lease / 10, milliseconds(1000));
     const auto id = next_send_id_++;
     sends_.emplace(id, std::move(waiter));
+    watch_slow(id);
     emit(send_command{id, i, std::move(e), std::move(headers), deadline});
 }
 
@@ -552,7 +591,7 @@ void relay_engine::on_owed_result(const owed_item& item, std::size_t i, const se
     auto res = judge(i, item.ref.attempt, r);
     log_result(item.ref.id, res, item.ref.attempt, r.elapsed);
     record_owed(item.ref, item.keyed, res);
-    finished();
+    finished(item.slot_given_up);
 }
 
 // Every destination of a directly sent event has answered (or was deferred).
@@ -579,7 +618,7 @@ void relay_engine::settle(const event_in_flight& state) {
         pending_.fan_outs.push_back(std::move(item));
     }
     pending_.unblocks_key = pending_.unblocks_key || state.keyed;
-    finished();
+    finished(state.slot_given_up);
 }
 
 void relay_engine::record_owed(const delivery_ref& ref, bool keyed, const destination_result& res) {
@@ -725,7 +764,7 @@ void relay_engine::signalled(int signal_number) {
 }
 
 void relay_engine::maybe_finish() {
-    if (dispatch_.drained() && !writing_ && pending_.empty()) finish();
+    if (dispatch_.drained() && slow_in_flight_ == 0 && !writing_ && pending_.empty()) finish();
 }
 
 // Writes what is left, hands back every lease we still hold (due now, so the

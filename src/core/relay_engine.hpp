@@ -21,6 +21,10 @@
 //                  the request still fits in the lease
 //          ─> settled: its outcome joins the pending batch, and the slot
 //             is free (finished())
+//   A request not answered within slow_request_after gives up its item's
+//   delivery slot at once: a slow or stalled destination then holds only
+//   its own connections (max_concurrency), never the slots other
+//   destinations' events need. The item still finishes, later, as usual.
 //   An item that cannot be sent after all (its lease would end before an
 //   attempt could, its destination's circuit opened, shutdown began) is
 //   handed back: due again, its claim's attempt taken back, since attempts
@@ -86,8 +90,11 @@ namespace outboxd {
 
 using steady_time = std::chrono::steady_clock::time_point;
 
-enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe, takeover };
-inline constexpr std::size_t relay_timer_count = 7;
+// A request slower than this gives up its delivery slot (see relay_engine).
+inline constexpr std::chrono::milliseconds slow_request_after{250};
+
+enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe, takeover, slow_requests };
+inline constexpr std::size_t relay_timer_count = 8;
 
 // What a destination made of one request (the sink's report, I/O-free).
 struct send_result {
@@ -223,6 +230,8 @@ private:
         // No free connection there: not attempted, handed to its own
         // delivery row to wait for one.
         std::vector<std::size_t> deferred;
+        // A request of it was slow: it gave up its delivery slot.
+        bool slot_given_up = false;
     };
     // One destination's delivery of a fanned-out event (headers: only while
     // it waits in its lane).
@@ -233,6 +242,7 @@ private:
         header_list headers;
         std::int64_t unix_now = 0;
         steady_time lease_end;
+        bool slot_given_up = false;  // its request was slow
     };
     // Whom a send's answer is for.
     struct send_waiter {
@@ -289,8 +299,13 @@ private:
     void unroutable(const event& e);
     void retry_after_flush(std::chrono::milliseconds in);
     [[nodiscard]] std::vector<std::size_t> named_destinations(const std::vector<std::string>& names) const;
-    // Every claimed item ends in exactly one call: its slot is free.
-    void finished();
+    // Every claimed item ends in exactly one call: its slot is free (unless
+    // it gave it up already, slot_given_up).
+    void finished(bool slot_given_up = false);
+    // A request not answered within slow_request_after gives up its item's
+    // delivery slot (see the header comment).
+    void watch_slow(std::uint64_t send_id);
+    void give_up_slots_of_slow_requests();
 
     // recording outcomes
     void flush_outcomes();
@@ -336,6 +351,12 @@ private:
     std::vector<circuit_breaker> circuits_;  // one per destination, same index
     std::unordered_map<std::uint64_t, send_waiter> sends_;
     std::uint64_t next_send_id_ = 1;
+    // Requests in send order with the time they count as slow.
+    std::deque<std::pair<steady_time, std::uint64_t>> slow_watch_;
+    bool slow_timer_armed_ = false;
+    // Items whose slot was given up and that have not finished yet: shutdown
+    // waits for them like for the others.
+    std::size_t slow_in_flight_ = 0;
 
     // ---- recording outcomes ----
     outcome_batch pending_;

@@ -704,3 +704,56 @@ TEST_CASE("relay engine: live leases off: no takeover") {
     CHECK(h.all<housekeeping_command>().empty());
     CHECK_FALSE(h.armed(relay_timer::takeover));
 }
+
+TEST_CASE("relay engine: a slow request gives up its delivery slot; other destinations' events take it; shutdown "
+          "still waits for the slow one") {
+    auto cfg = one_destination(2);
+    cfg.destinations = {destination("slow"), destination("fast")};
+    cfg.routes = {{{"slow.>"}, {"slow"}}, {{"fast.>"}, {"fast"}}};
+    harness h(cfg);
+    h.start();
+    h.claim_returns({make_event(1, std::nullopt, "slow.x"), make_event(2, std::nullopt, "slow.x")});
+    const auto stuck = h.all<send_command>();
+    REQUIRE(stuck.size() == 2);
+    const auto watch = h.armed(relay_timer::slow_requests);
+    REQUIRE(watch);
+    CHECK(watch->at == h.clock.now + slow_request_after);
+    CHECK(h.engine.sending() == 2);
+    h.engine.wake();
+    h.step();
+    CHECK_FALSE(h.has<claim_command>());  // both slots taken
+    h.clock.advance(slow_request_after);
+    h.engine.timer_fired(relay_timer::slow_requests, watch->generation);
+    h.step();
+    CHECK(h.engine.sending() == 0);
+    // The first slot given up starts a claim at once (one claim at a time).
+    CHECK(h.one<claim_command>().request.wanted == 1);
+    h.claim_returns({make_event(3, std::nullopt, "fast.x")});
+    const auto quick = h.all<send_command>();
+    REQUIRE(quick.size() == 1);
+    CHECK(quick[0].destination == 1);
+    h.answer(quick[0], ok());
+    CHECK(h.engine.sending() == 0);
+    // Shutdown waits for the slow ones: they may still be delivered.
+    h.engine.outcomes_written(0);
+    h.step();
+    h.engine.signalled(15);
+    h.step();
+    if (h.has<write_outcomes_command>()) {
+        h.engine.outcomes_written(0);
+        h.step();
+    }
+    CHECK_FALSE(h.has<finish_command>());
+    h.answer(stuck[0], ok());
+    const auto first = h.one<write_outcomes_command>();
+    CHECK(first.batch->delivered.size() == 1);
+    CHECK_FALSE(h.has<finish_command>());
+    h.answer(stuck[1], ok());
+    CHECK_FALSE(h.has<finish_command>());
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.has<finish_command>());
+}
