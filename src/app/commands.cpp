@@ -391,6 +391,13 @@ int cmd_run(const parsed_args& args) {
     warn_about_secrets_in_file(o.settings);
     o.dsn = effective_dsn(o.settings);
     o.lease_owner = make_lease_owner();
+    if (args.flag("once")) o.mode = run_mode::once;
+    // SIGHUP: the file again; the environment and flags are as at startup.
+    o.reload = [args] {
+        auto c = load_config(args, /*destinations_required=*/true);
+        warn_about_secrets_in_file(c);
+        return c;
+    };
     return run_relay(o);
 }
 

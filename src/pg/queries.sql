@@ -772,6 +772,18 @@ SELECT $1, key FROM locked WHERE got
 ON CONFLICT (lease_owner) DO UPDATE SET lock_key = excluded.lock_key
 RETURNING lease_owner;
 
+-- name: publish_circuit
+-- params: owner, destination, state
+-- One of our circuits opened or closed (sql/0007): state is its JSON.
+UPDATE :"schema".relays
+SET circuits = circuits || jsonb_build_object($2::text, $3::jsonb)
+WHERE lease_owner = $1;
+
+-- name: reset_circuits
+-- params: owner
+-- A reload started a new engine: every circuit is closed again.
+UPDATE :"schema".relays SET circuits = '{}' WHERE lease_owner = $1;
+
 -- name: find_dead_relays
 -- params: owner
 -- The other relays whose claiming session is gone: their lock is free. Run
