@@ -49,6 +49,7 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             wake();
             break;
         case relay_timer::claim_retry:
+            claim_backing_off_ = false;
             wake();
             break;
         case relay_timer::flush_retry:
@@ -86,8 +87,12 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
 
 // ---- claiming ----------------------------------------------------------------
 
-void relay_engine::start(std::string message_prefix) {
+void relay_engine::start(std::string message_prefix, run_mode mode) {
     message_prefix_ = std::move(message_prefix);
+    mode_ = mode;
+    // Nothing recorded yet, marks empty, deliveries included: the first
+    // claim is as good as a confirming one.
+    confirming_ = mode_ == run_mode::once;
     arm(relay_timer::sweep, clock_.steady() + cfg_.sweep_interval);
     wake();
     if (cfg_.live_leases) {
@@ -99,6 +104,9 @@ void relay_engine::start(std::string message_prefix) {
 
 void relay_engine::relays_taken_over(std::size_t leases) {
     if (leases == 0 || dispatch_.stopping()) return;
+    // A claim running now may predate them: it cannot confirm a drain.
+    confirming_ = false;
+    confirmed_empty_ = false;
     // Handed back due now, events and deliveries alike; a key they held may
     // have later events waiting behind the marks: claim from the beginning.
     deliveries_due_ = true;
@@ -125,6 +133,7 @@ void relay_engine::start_claim(std::size_t n) {
 
 void relay_engine::claimed(claim_outcome result) {
     claim_backoff_.reset();
+    confirmed_empty_ = std::exchange(confirming_, false) && result.events.empty();
     deliveries_due_ = result.deliveries_due;
     drain_watermark_ = std::move(result.drain_watermark);
     low_mark_ = std::move(result.low_mark);
@@ -167,6 +176,8 @@ void relay_engine::claimed(claim_outcome result) {
 
 void relay_engine::claim_failed(const std::string& why) {
     (void)dispatch_.on_claim_failed();
+    confirming_ = false;
+    claim_backing_off_ = true;
     apply_resets_after_claim();
     const auto delay = claim_backoff_.next();
     log::warn("claim failed; retrying", {{"error", why}, {"retry_in", format_duration(delay)}});
@@ -481,6 +492,7 @@ void relay_engine::judge_health(std::size_t i, const send_result& r) {
     if (closed) {
         log::info("destination recovered; circuit closed, its waiting deliveries are due now",
                   {{"destination", name}});
+        emit(circuit_changed_command{name, circuit_state::closed, 0});
         emit(release_deliveries_command{name, false});
         return;
     }
@@ -490,6 +502,7 @@ void relay_engine::judge_health(std::size_t i, const send_result& r) {
                       {{"destination", name},
                        {"failures", str(static_cast<std::int64_t>(circuit.consecutive_failures()))},
                        {"probe_in", format_duration(std::chrono::duration_cast<milliseconds>(*at - now))}});
+            emit(circuit_changed_command{name, circuit_state::open, circuit.consecutive_failures()});
         }
         arm_probe();
     }
@@ -747,6 +760,18 @@ void relay_engine::signalled(int signal_number) {
     log::info("shutting down: no new claims, finishing in-flight deliveries",
               {{"signal", str(signal_number)}, {"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))},
                {"timeout", format_duration(cfg_.shutdown_timeout)}});
+    stop_claiming(false);
+}
+
+void relay_engine::reload_requested() {
+    if (dispatch_.stopping()) return;
+    log::info("reloading: no new claims until in-flight deliveries finish under the old configuration",
+              {{"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))},
+               {"timeout", format_duration(cfg_.shutdown_timeout)}});
+    stop_claiming(true);
+}
+
+void relay_engine::stop_claiming(bool keep_listening) {
     dispatch_.on_stop();
     // Not started yet: handed back unsent, due now, their attempts not counted.
     for (; !ready_.empty(); ready_.pop_front()) {
@@ -754,7 +779,7 @@ void relay_engine::signalled(int signal_number) {
         (void)dispatch_.on_delivery_finished();
     }
     flush_outcomes();
-    emit(stop_listening_command{});
+    if (!keep_listening) emit(stop_listening_command{});
     cancel(relay_timer::sweep);
     cancel(relay_timer::next_due);
     cancel(relay_timer::claim_retry);
@@ -763,7 +788,27 @@ void relay_engine::signalled(int signal_number) {
     maybe_finish();
 }
 
+// --once: see the header comment.
+void relay_engine::check_drained() {
+    if (mode_ != run_mode::once || dispatch_.stopping() || dispatch_.claiming() || dispatch_.in_flight() > 0 ||
+        slow_in_flight_ > 0 || !ready_.empty() || writing_ || !pending_.empty() || claim_backing_off_) {
+        return;
+    }
+    if (confirmed_empty_) {
+        log::info("run --once: nothing left that is due; stopping");
+        stop_claiming(false);
+        return;
+    }
+    // What a drain watermark or low mark skipped, or deliveries the last
+    // claim did not look for, are found by a claim from the beginning.
+    reset_claim_marks(true);
+    deliveries_due_ = true;
+    confirming_ = true;
+    start_claim(dispatch_.on_wake());
+}
+
 void relay_engine::maybe_finish() {
+    check_drained();
     if (dispatch_.drained() && slow_in_flight_ == 0 && !writing_ && pending_.empty()) finish();
 }
 

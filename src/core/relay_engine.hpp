@@ -59,7 +59,19 @@
 // unsent, lets what is being sent finish, writes what
 // is pending, then finishes (release every lease we hold, stop). The
 // shutdown timeout finishes without waiting further; a second signal exits
-// at once.
+// at once. A reload (SIGHUP) stops the same way but keeps listening: the
+// shell then starts a new engine with the new configuration.
+//
+// Once (`run --once`): the relay stops by itself as on a signal once it is
+// drained: nothing claimed, being sent or waiting to be written, and a claim
+// that began after the last outcome was recorded, from the start of the
+// index and with deliveries, found nothing due. Work due later (a retry's
+// backoff, a delayed event, a destination whose circuit is open) is left for
+// the next run; a retry that falls due while the run is still busy is sent.
+//
+// Circuits are published: each change of a destination's circuit (opened,
+// closed) is a circuit_changed command, so operators see it (`outboxd
+// status`).
 
 #include <array>
 #include <chrono>
@@ -159,10 +171,20 @@ struct finish_command {
 };
 // Exit the process now, without waiting for anything (second signal).
 struct exit_now_command {};
+// A destination's circuit opened or closed: publish it (the relays row).
+struct circuit_changed_command {
+    std::string destination;
+    circuit_state state = circuit_state::closed;
+    std::size_t failures = 0;  // consecutive failures when it opened
+};
 
 using relay_command = std::variant<claim_command, send_command, write_outcomes_command, arm_timer_command,
                                    cancel_timer_command, housekeeping_command, release_deliveries_command,
-                                   stop_listening_command, finish_command, exit_now_command>;
+                                   stop_listening_command, finish_command, exit_now_command,
+                                   circuit_changed_command>;
+
+// serve: until a signal. once: until drained (see the header comment).
+enum class run_mode { serve, once };
 
 class relay_engine {
 public:
@@ -172,7 +194,7 @@ public:
     // ---- inputs ----
     // LISTEN is active: drain what committed before it, start the sweep.
     // message_prefix: what this outbox's webhook-ids start with.
-    void start(std::string message_prefix);
+    void start(std::string message_prefix, run_mode mode = run_mode::serve);
     // Something may be due: a notification, a reconnect.
     void wake();
     void claimed(claim_outcome result);
@@ -182,6 +204,9 @@ public:
     void outcomes_failed(const std::string& why);
     void timer_fired(relay_timer timer, std::uint64_t generation);
     void signalled(int signal_number);
+    // SIGHUP: stop claiming and finish what is claimed, as on a signal, but
+    // keep listening; finish_command then means "ready for the new engine".
+    void reload_requested();
     // A dead-letter purge came back with a full batch: more may be past retention.
     void dead_letters_purged(bool more);
     // A takeover handed back `leases` of dead relays, due now.
@@ -207,6 +232,7 @@ public:
         return circuits_.at(destination).state(clock_.steady());
     }
     [[nodiscard]] bool stopping() const noexcept { return dispatch_.stopping(); }
+    [[nodiscard]] bool finished_running() const noexcept { return finishing_; }
 
 private:
     struct ready_item {
@@ -311,6 +337,8 @@ private:
     void flush_outcomes();
 
     // shutdown
+    void stop_claiming(bool keep_listening);
+    void check_drained();
     void maybe_finish();
     void finish();
 
@@ -371,6 +399,12 @@ private:
 
     // ---- shutdown ----
     bool finishing_ = false;
+    run_mode mode_ = run_mode::serve;
+    // --once: the running claim confirms the drain (began idle, from the
+    // start of the index); it came back empty.
+    bool confirming_ = false;
+    bool confirmed_empty_ = false;
+    bool claim_backing_off_ = false;  // a claim failed: none before claim_retry
 };
 
 }  // namespace outboxd

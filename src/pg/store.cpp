@@ -38,8 +38,8 @@ auto run(pqxx::transaction_base& tx, const Args& args) {
 }
 
 // The claim's :known_destination: only deliveries to these destinations
-// count as due. A literal, like the claim's size: the set is fixed for the
-// connection's life.
+// count as due. A literal, like the claim's size: the claims are prepared
+// again when a reload changes the set.
 std::string known_destination_sql(const std::optional<std::vector<std::string>>& destinations) {
     if (!destinations) return "true";
     return fmt::format("destination = ANY ({}::text[])",
@@ -283,6 +283,30 @@ std::size_t store::purge_dead_letters(std::chrono::milliseconds retention, std::
         return run(tx, q::purge_dead_letters::args{.retention_ms = static_cast<long long>(retention.count()),
                                                    .batch = static_cast<long long>(batch)})
             .size();
+    });
+}
+
+void store::publish_circuit(const std::string& destination, const std::string& state_json) {
+    session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        (void)exec_params(tx, queries_,
+                          q::publish_circuit::args{.owner = owner_, .destination = destination, .state = state_json});
+    });
+}
+
+void store::reset_circuits() {
+    session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        (void)exec_params(tx, queries_, q::reset_circuits::args{.owner = owner_});
+    });
+}
+
+void store::set_destinations(const std::vector<std::string>& destinations) {
+    known_destination_ = known_destination_sql(destinations);
+    if (!connected()) return;  // a new connection prepares them
+    session_.run([&](pqxx::connection& c) {
+        unprepare_claims(c);
+        prepare_claims(c);
     });
 }
 

@@ -153,6 +153,14 @@ public:
     // transaction; with no relay dead, one indexed read of `relays`.
     [[nodiscard]] takeover take_over_dead_relays();
 
+    // Publishes one circuit's state (a JSON object) on our relays row
+    // (sql/0007); reset_circuits: all closed (a reload's new engine).
+    void publish_circuit(const std::string& destination, const std::string& state_json);
+    void reset_circuits();
+    // A reload changed the relay's destinations: claims report only theirs
+    // as due from now on (the claim statements are prepared again).
+    void set_destinations(const std::vector<std::string>& destinations);
+
     // Makes the deliveries waiting out a backoff at `destination` due now
     // (its circuit closed). Returns how many.
     std::size_t release_waiting_deliveries(const std::string& destination);
@@ -176,6 +184,7 @@ private:
     // Before a claim: takes the session lock if this session does not hold it yet.
     void hold_session_lock(pqxx::connection& c);  // session settings and prepared statements
     void prepare_claims(pqxx::connection& c) const;
+    void unprepare_claims(pqxx::connection& c) const;
 
     std::string schema_;
     std::string owner_;

@@ -163,4 +163,12 @@ void store::prepare_claims(pqxx::connection& c) const {
     }
 }
 
+void store::unprepare_claims(pqxx::connection& c) const {
+    for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
+        for (const auto name : {q::claim::name, q::claim_from::name, q::claim_after::name, q::claim_deliveries::name}) {
+            c.unprepare(prepared_name(name, size));
+        }
+    }
+}
+
 }  // namespace outboxd::pg
