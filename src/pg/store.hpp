@@ -153,6 +153,16 @@ public:
     // transaction; with no relay dead, one indexed read of `relays`.
     [[nodiscard]] takeover take_over_dead_relays();
 
+    // The figures of /metrics and the relay's summary (relay_stats in
+    // queries.sql): the undelivered work, counted up to `cap` events plus
+    // `cap` deliveries, the oldest due work's age, the schema version.
+    struct stats {
+        std::int64_t backlog = 0;
+        double oldest_pending_seconds = 0;
+        int schema_version = 0;
+    };
+    [[nodiscard]] stats read_stats(std::int64_t cap);
+
     // Makes the deliveries waiting out a backoff at `destination` due now
     // (its circuit closed). Returns how many.
     std::size_t release_waiting_deliveries(const std::string& destination);
