@@ -154,6 +154,7 @@ def test_readyz_is_unready_while_postgres_is_down_and_ready_again_after(pg_clust
                   env={"OUTBOXD_DATABASE_KEEPALIVE_TIMEOUT": "2s", "OUTBOXD_DATABASE_CONNECT_TIMEOUT": "2s"})
         port = admin_port(r)
         assert wait_until(lambda: get(port, "/readyz")[0] == 200, 10), get(port, "/readyz")
+        assert value(scrape(port), "outboxd_database_reconnects_total") == 0
 
         cluster.stop()
         assert wait_until(lambda: get(port, "/readyz")[0] == 503, 10), get(port, "/readyz")
