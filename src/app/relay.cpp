@@ -20,6 +20,7 @@
 #include <pqxx/except>
 
 #include "app/exit_codes.hpp"
+#include "app/relay_telemetry.hpp"
 #include "app/sink.hpp"
 #include "app/store_worker.hpp"
 #include "core/claim_sequence.hpp"
@@ -103,14 +104,28 @@ public:
           outcome_store_(o.dsn, cfg().schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/false,
                          cfg().db_statement_timeout),
           outcome_worker_(outcome_store_),
+          telemetry_(ioc_, config_, engine_, outcome_worker_, o.dsn,
+                     plan_migrations(std::nullopt, embedded::migrations()).binary_version),
           listener_(ioc_, worker_.executor(), o.dsn, notify_channel(cfg().schema),
-                    {[this] { wake(); }, [this] { wake(); }, [this](const std::string&) { reconnect_stores(); }},
+                    {[this] {
+                         telemetry_.notified();
+                         wake();
+                     },
+                     [this] {
+                         telemetry_.listen_restored();
+                         wake();
+                     },
+                     [this](const std::string& why) {
+                         telemetry_.listen_lost(why);
+                         reconnect_stores();
+                     }},
                     cfg().db_keepalive_timeout),
           signals_(ioc_, SIGINT, SIGTERM),
           hangup_(ioc_, SIGHUP),
           timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
                   net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
                   net::steady_timer(ioc_), net::steady_timer(ioc_)} {
+        engine_->observe(&telemetry_);
         sinks_ = make_sinks(cfg());
     }
 
@@ -156,6 +171,12 @@ private:
                               fmt::format("database error at startup: {}", scrub_secrets(e.what(), opts_.dsn)));
         }
         listener_.start();
+        try {
+            telemetry_.start();
+        } catch (const boost::system::system_error& e) {
+            throw fatal_error(exit_usage, fmt::format("admin.listen: cannot listen on {}: {}", cfg().admin_listen,
+                                                      e.code().message()));
+        }
         wait_for_signal();
         wait_for_hangup();
         log_started();
@@ -333,6 +354,7 @@ private:
         engine_.reset();
         config_ = std::move(next);
         engine_ = std::make_unique<relay_engine>(*config_, clock_, std::random_device{}());
+        engine_->observe(&telemetry_);
         // Ahead of the new engine's first claim, on the same connection.
         worker_.submit([this, names = configured_destination_names(cfg())](pg::store& s) {
             try {
@@ -476,7 +498,8 @@ private:
                     for (const auto& o : taken.relays) owners += (owners.empty() ? "" : " ") + o;
                     log::info("took over the leases of relays whose database session is gone",
                               {{"relays", owners}, {"leases", fmt::format("{}", taken.leases)}});
-                    net::post(ioc_, [this, epoch, n = taken.leases] {
+                    net::post(ioc_, [this, epoch, n = taken.leases, relays = taken.relays.size()] {
+                        telemetry_.taken_over(relays, n);
                         feed_from(epoch, [&](relay_engine& e) { e.relays_taken_over(n); });
                     });
                 });
@@ -514,9 +537,13 @@ private:
         });
     }
 
-    void run(stop_listening_command&) { listener_.stop(); }
+    void run(stop_listening_command&) {
+        listener_.stop();
+        telemetry_.stopping();
+    }
 
     void run(finish_command& c) {
+        telemetry_.stop();
         for (auto& s : sinks_) s->close();
         outcome_worker_.submit([this, batch = std::make_shared<outcome_batch>(std::move(c.last))](pg::store& store) {
             try {
@@ -586,6 +613,7 @@ private:
     store_worker worker_;
     pg::store outcome_store_;
     store_worker outcome_worker_;
+    relay_telemetry telemetry_;  // metrics, the admin listener, the summary line
     pg::listener listener_;
     std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
     // Sinks of configurations a reload replaced: closed, kept until exit so

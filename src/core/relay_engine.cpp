@@ -18,6 +18,15 @@ namespace {
 
 std::string str(std::int64_t n) { return fmt::format("{}", n); }
 
+delivery_result result_of(delivery_outcome::kind k) {
+    switch (k) {
+        case delivery_outcome::kind::delivered: return delivery_result::delivered;
+        case delivery_outcome::kind::retry: return delivery_result::retry;
+        case delivery_outcome::kind::dead: return delivery_result::dead;
+    }
+    return delivery_result::retry;
+}
+
 }  // namespace
 
 relay_engine::relay_engine(const config& cfg, const clock_source& clock, std::uint64_t seed)
@@ -46,10 +55,12 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             break;
         case relay_timer::next_due:
             next_due_armed_ = false;
+            if (metrics_ != nullptr) metrics_->woken(wake_source::timer);
             wake();
             break;
         case relay_timer::claim_retry:
             claim_backing_off_ = false;
+            if (metrics_ != nullptr) metrics_->woken(wake_source::timer);
             wake();
             break;
         case relay_timer::flush_retry:
@@ -66,6 +77,7 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
                     emit(release_deliveries_command{cfg_.destinations[i].name, true});
                 }
             }
+            if (metrics_ != nullptr) metrics_->woken(wake_source::timer);
             wake();
             arm_probe();
             break;
@@ -138,6 +150,7 @@ void relay_engine::claimed(claim_outcome result) {
     drain_watermark_ = std::move(result.drain_watermark);
     low_mark_ = std::move(result.low_mark);
     apply_resets_after_claim();
+    if (metrics_ != nullptr) metrics_->claimed(result.events.size());
     if (finishing_) return;  // a timed-out shutdown: the release covers these
     auto& events = result.events;
     if (!events.empty() && log::enabled(log::level::debug)) {
@@ -179,6 +192,7 @@ void relay_engine::claim_failed(const std::string& why) {
     confirming_ = false;
     claim_backing_off_ = true;
     apply_resets_after_claim();
+    if (metrics_ != nullptr) metrics_->claim_failed(why);
     const auto delay = claim_backoff_.next();
     log::warn("claim failed; retrying", {{"error", why}, {"retry_in", format_duration(delay)}});
     maybe_finish();
@@ -254,6 +268,7 @@ void relay_engine::sweep() {
     // What committed late behind the low mark: this claim starts from the
     // beginning of the index.
     reset_claim_marks(false);
+    if (metrics_ != nullptr) metrics_->woken(wake_source::sweep);
     wake();
     if (cfg_.idempotency_retention.count() > 0) emit(housekeeping_command{housekeeping_job::idempotency_keys});
     emit(housekeeping_command{housekeeping_job::key_holds});
@@ -324,7 +339,9 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         if (built.error) {
             // Nothing about this event can change: dead-letter it there now.
             log::error("delivery cannot be sent; moving to dead letters",
-                       {{"event_id", str(e->id)}, {"destination", *e->destination}, {"error", *built.error}});
+                       {{"event_id", str(e->id)}, {"topic", e->topic}, {"destination", *e->destination},
+                        {"attempt", str(e->attempt)}, {"error", *built.error}});
+            report(*e->destination, delivery_result::dead, e->attempt, *e, lease_end);
             record_owed({e->id, *e->destination, e->attempt}, e->ordering_key.has_value(),
                         {0, {delivery_outcome::kind::dead, {}, *built.error}, std::nullopt, {}});
             finished();
@@ -374,7 +391,7 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         finished();
         return;
     }
-    auto state = std::make_shared<event_in_flight>(event_in_flight{ref, keyed, 0, {}, {}});
+    auto state = std::make_shared<event_in_flight>(event_in_flight{ref, keyed, 0, {}, {}, false, e, lease_end});
     // A destination that cannot take a request now (its connections are all
     // busy, or its circuit is open) does not get to hold this event's
     // delivery slot: the event is handed to its own delivery row there, due
@@ -521,6 +538,7 @@ void relay_engine::arm_probe() {
 
 // Back to the outbox unsent, due after `delay`, the claim's attempt taken back.
 void relay_engine::hand_back(const event& e, milliseconds delay) {
+    report(e.destination.value_or(""), delivery_result::handed_back, 0, e, {});
     if (e.destination) {
         pending_.deliveries_handed_back.push_back({{e.id, *e.destination, e.attempt}, delay, {}});
     } else {
@@ -568,32 +586,48 @@ relay_engine::destination_result relay_engine::judge(std::size_t i, std::int32_t
             r.transport_error ? std::nullopt : std::optional<int>(static_cast<int>(r.status)), r.body_excerpt};
 }
 
-void relay_engine::log_result(std::int64_t id, const destination_result& res, std::int32_t attempt,
+void relay_engine::log_result(const event& e, const destination_result& res, std::int32_t attempt,
                               std::chrono::microseconds elapsed) const {
     // Per event: build the fields only when the line is written.
     if (res.outcome.what == delivery_outcome::kind::delivered && !log::enabled(log::level::debug)) return;
     const auto& name = cfg_.destinations[res.destination].name;
+    const auto status = res.status ? str(*res.status) : std::string("none");
     switch (res.outcome.what) {
         case delivery_outcome::kind::delivered:
-            log::debug("delivered", {{"event_id", str(id)}, {"destination", name}, {"us", str(elapsed.count())}});
+            log::debug("delivered", {{"event_id", str(e.id)}, {"topic", e.topic}, {"destination", name},
+                                     {"attempt", str(attempt)}, {"status", status}, {"us", str(elapsed.count())}});
             break;
         case delivery_outcome::kind::retry:
             log::warn("delivery failed; will retry",
-                      {{"event_id", str(id)}, {"destination", name}, {"attempt", str(attempt)},
-                       {"retry_in", format_duration(res.outcome.retry_in)}, {"error", res.outcome.error}});
+                      {{"event_id", str(e.id)}, {"topic", e.topic}, {"destination", name}, {"attempt", str(attempt)},
+                       {"status", status}, {"retry_in", format_duration(res.outcome.retry_in)},
+                       {"error", res.outcome.error}});
             break;
         case delivery_outcome::kind::dead:
             log::error("delivery failed for good; moving to dead letters",
-                       {{"event_id", str(id)}, {"destination", name}, {"attempt", str(attempt)},
-                        {"error", res.outcome.error}});
+                       {{"event_id", str(e.id)}, {"topic", e.topic}, {"destination", name}, {"attempt", str(attempt)},
+                        {"status", status}, {"error", res.outcome.error}});
             break;
     }
+}
+
+void relay_engine::report(std::string_view destination, delivery_result r, std::int32_t attempt, const event& e,
+                          steady_time lease_end) {
+    if (metrics_ == nullptr) return;
+    std::optional<std::chrono::microseconds> since_commit;
+    if (r == delivery_result::delivered && e.age_at_claim) {
+        // The claim's statement began at about lease_end - lease.
+        since_commit = *e.age_at_claim + std::chrono::duration_cast<std::chrono::microseconds>(
+                                             clock_.steady() - (lease_end - cfg_.lease));
+    }
+    metrics_->delivery(destination, r, attempt, since_commit);
 }
 
 // One destination answered for an event sent straight from `events`.
 void relay_engine::on_event_result(event_in_flight& state, std::size_t i, const send_result& r) {
     auto res = judge(i, state.ref.attempt, r);
-    log_result(state.ref.id, res, state.ref.attempt, r.elapsed);
+    log_result(*state.e, res, state.ref.attempt, r.elapsed);
+    report(cfg_.destinations[i].name, result_of(res.outcome.what), state.ref.attempt, *state.e, state.lease_end);
     if (res.outcome.what != delivery_outcome::kind::delivered) state.failures.push_back(std::move(res));
     if (--state.waiting > 0) return;
     settle(state);
@@ -602,7 +636,8 @@ void relay_engine::on_event_result(event_in_flight& state, std::size_t i, const 
 // One destination answered for a fanned-out delivery.
 void relay_engine::on_owed_result(const owed_item& item, std::size_t i, const send_result& r) {
     auto res = judge(i, item.ref.attempt, r);
-    log_result(item.ref.id, res, item.ref.attempt, r.elapsed);
+    log_result(*item.e, res, item.ref.attempt, r.elapsed);
+    report(cfg_.destinations[i].name, result_of(res.outcome.what), item.ref.attempt, *item.e, item.lease_end);
     record_owed(item.ref, item.keyed, res);
     finished(item.slot_given_up);
 }
@@ -626,6 +661,7 @@ void relay_engine::settle(const event_in_flight& state) {
         for (const auto i : state.deferred) {
             // Not attempted there: the attempt count stays where it was.
             item.owed.push_back({cfg_.destinations[i].name, milliseconds(0), state.ref.attempt - 1, {}});
+            report(cfg_.destinations[i].name, delivery_result::handed_back, 0, *state.e, state.lease_end);
         }
         for (const auto& o : item.owed) retry_after_flush(o.due_in);
         pending_.fan_outs.push_back(std::move(item));
@@ -670,7 +706,8 @@ std::vector<std::size_t> relay_engine::named_destinations(const std::vector<std:
 // reason; the rest of its key goes on.
 void relay_engine::bury_unsendable(const event& e, const std::string& why) {
     log::error("event cannot be sent; moving to dead letters",
-               {{"event_id", str(e.id)}, {"topic", e.topic}, {"error", why}});
+               {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}, {"error", why}});
+    report("", delivery_result::dead, e.attempt, e, {});
     pending_.dead.push_back({lease_ref{e.id, e.attempt}, why, std::nullopt, {}});
     pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
     finished();
@@ -695,6 +732,7 @@ void relay_engine::unroutable(const event& e) {
     log::warn("no route for event; it stays in the outbox",
               {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}});
     const lease_ref ref{e.id, e.attempt};
+    report("", result_of(outcome.what), e.attempt, e, {});
     if (outcome.what == delivery_outcome::kind::dead) {
         pending_.dead.push_back({ref, outcome.error, std::nullopt, {}});
     } else {

@@ -96,6 +96,7 @@
 #include "core/event.hpp"
 #include "core/outcome_batch.hpp"
 #include "core/rate_meter.hpp"
+#include "core/relay_metrics.hpp"
 #include "core/routing.hpp"
 
 namespace outboxd {
@@ -216,6 +217,10 @@ public:
     // relay's work waits about this long, not for its lease to expire.
     static constexpr std::chrono::milliseconds takeover_interval{1'000};
 
+    // Reports deliveries, claims and wake-ups to `m` from now on (nullptr:
+    // to nobody). `m` must outlive the engine or be replaced first.
+    void observe(relay_metrics* m) noexcept { metrics_ = m; }
+
     // What to do now, in order; each input adds to it.
     [[nodiscard]] std::vector<relay_command> take_commands();
 
@@ -258,6 +263,8 @@ private:
         std::vector<std::size_t> deferred;
         // A request of it was slow: it gave up its delivery slot.
         bool slot_given_up = false;
+        std::shared_ptr<const event> e;  // for logs and metrics
+        steady_time lease_end{};
     };
     // One destination's delivery of a fanned-out event (headers: only while
     // it waits in its lane).
@@ -315,8 +322,11 @@ private:
     void hand_back_to_circuit(const event& e, std::size_t destination);
     void start_waiting(std::size_t destination, owed_item item);
     [[nodiscard]] destination_result judge(std::size_t destination, std::int32_t attempt, const send_result& r);
-    void log_result(std::int64_t id, const destination_result& res, std::int32_t attempt,
+    void log_result(const event& e, const destination_result& res, std::int32_t attempt,
                     std::chrono::microseconds elapsed) const;
+    // To the metrics observer, if any.
+    void report(std::string_view destination, delivery_result r, std::int32_t attempt, const event& e,
+                steady_time lease_end);
     void on_event_result(event_in_flight& state, std::size_t destination, const send_result& r);
     void on_owed_result(const owed_item& item, std::size_t destination, const send_result& r);
     void settle(const event_in_flight& state);
@@ -385,6 +395,7 @@ private:
     // Items whose slot was given up and that have not finished yet: shutdown
     // waits for them like for the others.
     std::size_t slow_in_flight_ = 0;
+    relay_metrics* metrics_ = nullptr;
 
     // ---- recording outcomes ----
     outcome_batch pending_;

@@ -138,13 +138,16 @@ claimed AS (
     WHERE e.id = ANY (ARRAY(SELECT id FROM due WHERE ordering_key IS NULL
                             UNION ALL SELECT event_id FROM held))
     RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
-              array_to_string(e.destinations, ',') AS destinations
+              array_to_string(e.destinations, ',') AS destinations, e.created_at
 )
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
            SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key) AS key_pending,
        NULL::bigint AS next_due_ms, NULL::boolean AS deliveries_due, NULL::text AS watermark_at,
-       NULL::bigint AS watermark_id, c.destinations, NULL::text AS low_mark, NULL::bigint AS picked
+       NULL::bigint AS watermark_id, c.destinations, NULL::text AS low_mark, NULL::bigint AS picked,
+       -- how long ago the event was written, by the database's clock (the
+       -- commit-to-delivery latency of /metrics)
+       (extract(epoch FROM now() - c.created_at) * 1000000)::bigint AS age_us
 FROM claimed c
 UNION ALL
 -- One more row (id NULL), which fills the columns from next_due_ms on:
@@ -174,7 +177,8 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- rows the claim picked, leased or not (a key held by another claim):
        -- "came back full" is judged on these, or a hold conflict would end
        -- a drain and move the low mark past rows still waiting
-       (SELECT count(*) FROM due)
+       (SELECT count(*) FROM due),
+       NULL
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 
@@ -241,7 +245,8 @@ claimed AS (
       AND (d.event_id, d.destination) IN (SELECT event_id, destination FROM taken)
     RETURNING d.event_id, d.destination, d.attempts
 )
-SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attempts, c.destination
+SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attempts, c.destination,
+       (extract(epoch FROM now() - e.created_at) * 1000000)::bigint AS age_us
 FROM claimed c JOIN :"schema".events e ON e.id = c.event_id;
 
 -- name: complete
@@ -881,3 +886,19 @@ WITH forgotten AS (
 SELECT id FROM events_released
 UNION ALL
 SELECT event_id FROM deliveries_released;
+
+-- name: relay_stats
+-- params: cap
+-- For /metrics and the relay's periodic summary, every few seconds at most,
+-- on the outcome connection. Cheap on a table of millions: the work not yet
+-- delivered (events not fanned out, plus deliveries) is counted up to `cap`
+-- rows of each; how long the oldest due work has been due (available_at
+-- <= now(): not leased, or its lease expired; the first entry of the claim
+-- index) as `status` counts it; and the schema's migration version.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_out LIMIT $1) e)
+       + (SELECT count(*) FROM (SELECT 1 FROM :"schema".deliveries LIMIT $1) d) AS backlog,
+       coalesce(extract(epoch FROM now() - least(
+           (SELECT min(available_at) FROM :"schema".events WHERE available_at <= now()),
+           (SELECT min(available_at) FROM :"schema".deliveries WHERE available_at <= now()))), 0)::float8
+           AS oldest_pending_seconds,
+       (SELECT coalesce(max(version), 0) FROM :"schema".schema_migrations) AS schema_version;

@@ -310,6 +310,16 @@ void store::set_destinations(const std::vector<std::string>& destinations) {
     });
 }
 
+store::stats store::read_stats(std::int64_t cap) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        const auto row = exec_params(tx, queries_, q::relay_stats::args{.cap = static_cast<long long>(cap)}).one();
+        using col = q::relay_stats::col;
+        return stats{row[col::backlog].as<std::int64_t>(), row[col::oldest_pending_seconds].as<double>(),
+                     row[col::schema_version].as<int>()};
+    });
+}
+
 std::size_t store::release_waiting_deliveries(const std::string& destination) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);

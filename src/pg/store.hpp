@@ -160,6 +160,15 @@ public:
     // A reload changed the relay's destinations: claims report only theirs
     // as due from now on (the claim statements are prepared again).
     void set_destinations(const std::vector<std::string>& destinations);
+    // The figures of /metrics and the relay's summary (relay_stats in
+    // queries.sql): the undelivered work, counted up to `cap` events plus
+    // `cap` deliveries, the oldest due work's age, the schema version.
+    struct stats {
+        std::int64_t backlog = 0;
+        double oldest_pending_seconds = 0;
+        int schema_version = 0;
+    };
+    [[nodiscard]] stats read_stats(std::int64_t cap);
 
     // Makes the deliveries waiting out a backoff at `destination` due now
     // (its circuit closed). Returns how many.

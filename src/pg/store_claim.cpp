@@ -34,7 +34,7 @@ std::vector<std::string> destination_names(std::string_view array) {
 }
 
 // The columns every claim returns: id, topic, ordering_key, payload,
-// headers, attempts (a claim without one of them does not compile).
+// headers, attempts, age_us (a claim without one of them does not compile).
 // Decoded row by row: a row that cannot be decoded comes back with the
 // reason (and its id and attempt, to dead-letter it under our lease) instead
 // of failing the whole claim, whose other rows would stay leased unsent.
@@ -54,6 +54,9 @@ event read_claimed(const row_of<Q>& row) {
         // Not the parser's text: it quotes the offending bytes.
         e.undecodable = "the event's headers cannot be decoded as UTF-8 JSON (the database's encoding is not "
                         "UTF-8?); it cannot be sent";
+    }
+    if (const auto age = row[col::age_us]; !age.is_null()) {
+        e.age_at_claim = std::chrono::microseconds(std::max<long long>(0, age.template as<long long>()));
     }
     return e;
 }
