@@ -114,7 +114,9 @@ def test_status_per_destination_splits_work_by_route_and_shows_the_circuits_live
             return {row["destination"]: row for row in map(json.loads, out.stdout.splitlines())
                     if "destination" in row}
 
-        rows = wait_until(lambda: (lambda v: v if v["down"]["circuit"] == "open" else None)(by_destination()), 10)
+        # The circuit is published when it opens, the outcomes a moment later.
+        rows = wait_until(lambda: (lambda v: v if v["down"]["circuit"] == "open" and v["down"]["in_flight"] == 0
+                                   else None)(by_destination()), 10)
         assert rows, by_destination()
         assert rows["up"]["circuit"] == "closed", rows
         assert rows["down"]["retrying"] + rows["down"]["pending"] == 3, rows
