@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include "fake_clock.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -19,14 +21,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
-class fake_clock final : public clock_source {
-public:
-    [[nodiscard]] steady_time steady() const override { return now; }
-    [[nodiscard]] std::chrono::system_clock::time_point wall() const override {
-        return std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 56)) + (now - steady_time{});
-    }
-    void advance(milliseconds d) { now += d; }
-    steady_time now{std::chrono::hours(1)};
+using testing::fake_clock;
 };
 
 destination_config destination(std::string name, std::size_t max_concurrency = 32) {

@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include "fake_clock.hpp"
+
 #include <chrono>
 #include <string>
 #include <vector>
@@ -16,13 +18,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-class fake_clock final : public clock_source {
-public:
-    [[nodiscard]] steady_time steady() const override { return now; }
-    [[nodiscard]] std::chrono::system_clock::time_point wall() const override {
-        return std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 56)) + (now - steady_time{});
-    }
-    steady_time now{std::chrono::hours(1)};
+using testing::fake_clock;
 };
 
 struct report {
