@@ -22,7 +22,6 @@ using std::chrono::milliseconds;
 namespace {
 
 using testing::fake_clock;
-};
 
 destination_config destination(std::string name, std::size_t max_concurrency = 32) {
     destination_config d;

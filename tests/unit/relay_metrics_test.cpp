@@ -19,7 +19,6 @@ using namespace std::chrono_literals;
 namespace {
 
 using testing::fake_clock;
-};
 
 struct report {
     std::string destination;
