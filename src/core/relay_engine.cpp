@@ -130,6 +130,27 @@ void relay_engine::wake() { start_claim(dispatch_.on_wake()); }
 
 void relay_engine::start_claim(std::size_t n) {
     if (n == 0) return;
+    // While no destination's circuit is closed, what is claimed could only
+    // be handed to delivery rows: claim nothing while all are open (the
+    // events wait in the outbox, untouched, and go out by the fast path once
+    // a probe succeeds), and one event per destination that may probe now.
+    const auto now = clock_.steady();
+    bool any_closed = circuits_.empty();
+    std::size_t probes = 0;
+    for (auto& c : circuits_) {
+        const auto state = c.state(now);
+        if (state == circuit_state::closed) any_closed = true;
+        if (state == circuit_state::probing && c.allows_request(now)) ++probes;
+    }
+    if (!any_closed) {
+        if (probes == 0) {
+            (void)dispatch_.on_claimed(0, 1);  // as a claim that found nothing
+            confirmed_empty_ = std::exchange(confirming_, false);
+            maybe_finish();
+            return;
+        }
+        n = std::min(n, probes);
+    }
     claim_request request{n, cfg_.lease, {}, deliveries_due_, drain_watermark_, low_mark_};
     // Deliveries are claimed only for destinations that can take them now,
     // as many as each has free connections.

@@ -954,3 +954,26 @@ TEST_CASE("relay engine: a circuit that opens or closes is published") {
     h.answer(h.one<send_command>(), ok());
     CHECK(h.one<circuit_changed_command>().state == circuit_state::closed);
 }
+
+TEST_CASE("relay engine: while every destination's circuit is open nothing is claimed; one event per probe") {
+    auto cfg = one_destination(4);
+    cfg.destinations[0].circuit = {1, 500ms, 1s};
+    harness h(cfg);
+    h.start();
+    h.claim_returns({make_event(1)});
+    h.answer(h.one<send_command>(), server_error());
+    CHECK(h.engine.circuit(0) == circuit_state::open);
+    h.engine.outcomes_written(0);
+    h.step();
+    // Notifications while it is open: the events stay in the outbox, untouched.
+    h.engine.wake();
+    h.step();
+    CHECK_FALSE(h.has<claim_command>());
+    h.clock.advance(500ms);
+    h.engine.wake();
+    h.step();
+    CHECK(h.one<claim_command>().request.wanted == 1);  // the probe
+    h.claim_returns({make_event(2)});
+    h.answer(h.one<send_command>(), ok());
+    CHECK(h.engine.circuit(0) == circuit_state::closed);
+}
