@@ -42,6 +42,38 @@ LEFT JOIN LATERAL (
 ) w ON true
 ORDER BY w.id;
 
+-- name: read_window
+-- params: snap_a, snap_b (NULL: take B now), done_below
+-- open_window with the cursor the relay keeps in memory: the read touches
+-- no cursor row. A cursor row updated at every window piles up dead
+-- versions while a long transaction holds back pruning, and every read of
+-- it walks them (measured: bench/NOTES.md, "Commit-ordered windows"); so
+-- the relay writes its cursor as a checkpoint (finish_window or
+-- advance_within, fenced by the epoch) at most once a second and when it
+-- hands a slot over.
+WITH c AS MATERIALIZED (
+    SELECT $1::pg_snapshot AS snap_a, coalesce($2::pg_snapshot, pg_current_snapshot()) AS snap_b,
+           $3::bigint AS done_below
+)
+SELECT w.id, w.ordering_key, c.snap_b::text
+FROM c
+LEFT JOIN LATERAL (
+    -- Began between the snapshots: a range of the txid index.
+    SELECT e.id, e.ordering_key
+    FROM :"schema".events e
+    WHERE e.txid >= pg_snapshot_xmax(c.snap_a) AND e.txid < pg_snapshot_xmax(c.snap_b)
+      AND pg_visible_in_snapshot(e.txid, c.snap_b)
+      AND e.id + 0 >= c.done_below
+    UNION ALL
+    -- Running at A, finished by B: equality probes.
+    SELECT e.id, e.ordering_key
+    FROM pg_snapshot_xip(c.snap_a) x
+    JOIN :"schema".events e ON e.txid = x
+    WHERE pg_visible_in_snapshot(x, c.snap_b)
+      AND e.id + 0 >= c.done_below
+) w ON true
+ORDER BY w.id;
+
 -- name: fetch_page
 -- params: ids (a page of the window's ids, ascending)
 SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers

@@ -43,7 +43,7 @@ def prepare(cur, schema: str) -> None:
     for setting in ("SET synchronous_commit = off", "SET plan_cache_mode = force_generic_plan",
                     "SET enable_seqscan = off", "SET enable_bitmapscan = off"):
         cur.execute(setting)
-    for name in ("open_window", "fetch_page", "advance_within", "finish_window"):
+    for name in ("open_window", "read_window", "fetch_page", "advance_within", "finish_window"):
         cur.execute(f"PREPARE {name} AS " + q[name].replace(':"schema"', f'"{schema}"'))
 
 
