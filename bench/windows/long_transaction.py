@@ -133,7 +133,8 @@ def main() -> None:
           f"table {total} rows (never deleted during the run), txid index {index_size}")
     if seen[0] + len(tail) < produced[0]:
         raise SystemExit("lost events")
-    print("open_window round trip and whole window (open + fetch + finish), from the start of the hold:")
+    print("window read round trip (open_window, or read_window with --checkpoint-s) and whole window "
+          "(read + fetch + checkpoint if due), from the start of the hold:")
     buckets: dict[int, list] = {}
     for t0, ow, whole, n in samples:
         buckets.setdefault(int((t0 - hold_start) // 15), []).append((ow, whole, n))
@@ -142,7 +143,7 @@ def main() -> None:
         ow = sorted(x[0] for x in v)
         whole = sorted(x[1] for x in v)
         print(f"  {k * 15:+4d}..{k * 15 + 15:+4d} s  windows {len(v):5d}  events {sum(x[2] for x in v):6d}"
-              f"  open_window median {ow[len(ow) // 2]:6.0f} us p90 {ow[int(len(ow) * 0.9)]:6.0f} us"
+              f"  read median {ow[len(ow) // 2]:6.0f} us p90 {ow[int(len(ow) * 0.9)]:6.0f} us"
               f"  whole median {whole[len(whole) // 2]:6.0f} us p90 {whole[int(len(whole) * 0.9)]:6.0f} us")
     admin.cursor().execute(f'DROP SCHEMA "{SCHEMA}" CASCADE')
 
