@@ -202,10 +202,25 @@ void relay_telemetry::taken_over(std::size_t relays, std::size_t leases) {
 
 // ---- from the engine ---------------------------------------------------------
 
+relay_telemetry::destination_series& relay_telemetry::series(std::string_view destination) {
+    if (const auto it = series_.find(destination); it != series_.end()) return it->second;
+    const std::string name(destination);
+    destination_series s;
+    for (const auto r : {delivery_result::delivered, delivery_result::retry, delivery_result::dead,
+                         delivery_result::handed_back}) {
+        s.by_result.at(static_cast<std::size_t>(r)) = &deliveries_.with({name, std::string(outcome_name(r))});
+    }
+    if (!name.empty()) {
+        s.latency = &latency_.with({name});
+        s.attempts = &attempts_.with({name});
+    }
+    return series_.emplace(name, s).first->second;
+}
+
 void relay_telemetry::delivery(std::string_view destination, delivery_result result, std::int32_t attempt,
                                std::optional<std::chrono::microseconds> since_commit) {
-    const std::string name(destination);
-    deliveries_.with({name, std::string(outcome_name(result))}).inc();
+    auto& s = series(destination);
+    s.by_result.at(static_cast<std::size_t>(result))->inc();
     switch (result) {
         case delivery_result::delivered: totals_.delivered += 1; break;
         case delivery_result::retry: totals_.failed += 1; break;
@@ -215,11 +230,9 @@ void relay_telemetry::delivery(std::string_view destination, delivery_result res
             break;
         case delivery_result::handed_back: totals_.handed_back += 1; break;
     }
-    if (name.empty()) return;  // the event as a whole: no destination's latency or attempts
-    if (since_commit) latency_.with({name}).observe(std::chrono::duration<double>(*since_commit).count());
-    if (result == delivery_result::delivered || result == delivery_result::dead) {
-        attempts_.with({name}).observe(attempt);
-    }
+    if (s.latency == nullptr) return;  // the event as a whole: no destination's latency or attempts
+    if (since_commit) s.latency->observe(std::chrono::duration<double>(*since_commit).count());
+    if (result == delivery_result::delivered || result == delivery_result::dead) s.attempts->observe(attempt);
 }
 
 void relay_telemetry::claimed(std::size_t events) {

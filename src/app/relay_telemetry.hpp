@@ -18,9 +18,11 @@
 
 #include <utility>  // before Asio
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -102,6 +104,14 @@ private:
     metrics::family<metrics::counter>& deliveries_;
     metrics::family<metrics::histogram>& latency_;
     metrics::family<metrics::histogram>& attempts_;
+    // A destination's series, looked up once: delivery() runs per event.
+    struct destination_series {
+        std::array<metrics::counter*, 4> by_result{};  // indexed by delivery_result
+        metrics::histogram* latency = nullptr;
+        metrics::histogram* attempts = nullptr;
+    };
+    std::map<std::string, destination_series, std::less<>> series_;
+    destination_series& series(std::string_view destination);
     metrics::gauge& in_flight_;
     metrics::gauge& claimed_ahead_;
     metrics::counter& claims_;
