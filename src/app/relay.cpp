@@ -31,6 +31,7 @@
 #include "core/relay_engine.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
+#include "core/wake_policy.hpp"
 #include "pg/listener.hpp"
 #include "pg/store.hpp"
 
@@ -100,8 +101,15 @@ public:
           outcome_store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/false,
                          cfg_.db_statement_timeout),
           outcome_worker_(outcome_store_),
+          wake_(wake_settings(cfg_)),
+          wake_timer_(ioc_),
           listener_(ioc_, worker_.executor(), o.dsn, notify_channel(cfg_.schema),
-                    {[this] { wake(); }, [this] { wake(); }, [this](const std::string&) { reconnect_stores(); }},
+                    {[this] { feed_wake([](wake_policy& w, auto now) { return w.notified(now); }); },
+                     [this] {
+                         wake();
+                         feed_wake([](wake_policy& w, auto now) { return w.listening(now); });
+                     },
+                     [this](const std::string&) { reconnect_stores(); }},
                     cfg_.db_keepalive_timeout),
           signals_(ioc_, SIGINT, SIGTERM),
           timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
@@ -139,6 +147,7 @@ private:
     // ---- startup -------------------------------------------------------
 
     void start() {
+        bool trigger_installed = true;
         // Fail fast on the first connection: a wrong URL or password is an
         // operator error to report, not an outage to wait out.
         try {
@@ -146,7 +155,10 @@ private:
             check_schema(store_.schema_version());
             message_prefix_ = store_.message_prefix();
             outcome_store_.connect();
-            listener_.connect_now();
+            if (wake_.listens()) {
+                listener_.connect_now();
+                trigger_installed = store_.wake_trigger_installed();
+            }
         } catch (const fatal_error&) {
             throw;
         } catch (const pqxx::broken_connection& e) {
@@ -157,7 +169,7 @@ private:
             throw fatal_error(exit_db_unavailable,
                               fmt::format("database error at startup: {}", scrub_secrets(e.what(), opts_.dsn)));
         }
-        listener_.start();
+        if (wake_.listens()) listener_.start();
         wait_for_signal();
         for (const auto& d : cfg_.destinations) {
             if (d.kind == transport::webhook && d.url.is_tls() && !d.tls.verify) {
@@ -175,9 +187,95 @@ private:
                                     {"concurrency", fmt::format("{}", cfg_.concurrency)},
                                     {"lease", format_duration(cfg_.lease)},
                                     {"sweep_interval", format_duration(cfg_.sweep_interval)},
+                                    {"wake", cfg_.wake},
                                     {"lease_owner", opts_.lease_owner}});
         // LISTEN is active; now drain whatever was committed before it.
         feed([this](relay_engine& e) { e.start(message_prefix_); });
+        feed_wake([](wake_policy& w, auto now) { return w.started(now); });
+        if (wake_.listens()) feed_wake([&](wake_policy& w, auto now) { return trigger_installed ? w.listening(now) : w.no_trigger(now); });
+    }
+
+    static wake_policy::settings wake_settings(const config& cfg) {
+        wake_policy::settings s;
+        s.mode = parse_wake_mode(cfg.wake);
+        s.poll_interval = cfg.poll_interval;
+        s.refresh_interval = cfg.sweep_interval;
+        return s;
+    }
+
+    // ---- wake-up (core/wake_policy.hpp) ----------------------------------
+
+    // A declaration counts this long: a relay that stopped refreshing it
+    // (every sweep) is presumed dead.
+    [[nodiscard]] std::chrono::milliseconds declaration_validity() const { return 3 * cfg_.sweep_interval; }
+
+    // Gives the wake policy one input, f(policy, now), and does what it says.
+    template <typename F>
+    void feed_wake(F&& f) {
+        apply(f(wake_, std::chrono::steady_clock::now()));
+    }
+
+    void apply(const wake_policy::actions& a) {
+        if (a.claim_from_start) {
+            feed([](relay_engine& e) { e.wake_from_start(); });
+        } else if (a.claim) {
+            wake();
+        }
+        if (a.declare) {
+            // On the claim connection, in order with the claims: a producer
+            // that read "busy" before this commit is in progress at the read
+            // that follows, or committed before the claims that follow.
+            worker_.submit([this, idle = *a.declare, read = a.read_in_progress,
+                            valid = declaration_validity()](pg::store& store) {
+                std::string xids;
+                bool ok = true;
+                try {
+                    store.declare_wake(idle, valid);
+                    if (read) xids = store.transactions_in_progress();
+                } catch (const std::exception& e) {
+                    ok = false;
+                    log::warn("declaring the relay idle or busy failed",
+                              {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+                net::post(ioc_, [this, ok, read, xids = std::move(xids)]() mutable {
+                    if (ok && read) {
+                        feed_wake([&](wake_policy& w, auto now) { return w.declared_idle(std::move(xids), now); });
+                    } else {
+                        feed_wake([&](wake_policy& w, auto now) { return w.declared(ok, now); });
+                    }
+                });
+            });
+        }
+        if (a.watch) {
+            worker_.submit([this, xids = wake_.in_progress()](pg::store& store) {
+                std::string remaining = xids;
+                try {
+                    remaining = store.still_in_progress(xids);
+                } catch (const std::exception& e) {
+                    log::warn("reading transactions in progress failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+                net::post(ioc_, [this, remaining = std::move(remaining)]() mutable {
+                    feed_wake([&](wake_policy& w, auto now) { return w.watched(std::move(remaining), now); });
+                });
+            });
+        }
+        if (a.self_notify) {
+            outcome_worker_.submit([this, channel = notify_channel(cfg_.schema)](pg::store& store) {
+                try {
+                    store.notify(channel);
+                } catch (const std::exception& e) {
+                    log::warn("the notification self-test could not notify", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+            });
+        }
+        if (const auto at = wake_.next_timer()) {
+            wake_timer_.expires_at(*at);
+            wake_timer_.async_wait([this](const boost::system::error_code& ec) {
+                if (!ec && !stopped_waking_) feed_wake([](wake_policy& w, auto now) { return w.timer(now); });
+            });
+        } else {
+            wake_timer_.cancel();
+        }
     }
 
     static std::string describe(const destination_config& d) {
@@ -249,7 +347,10 @@ private:
                 outcome.started = started;
                 outcome.done = std::chrono::steady_clock::now();
                 net::post(ioc_, [this, outcome = std::move(outcome)]() mutable {
+                    const auto got = outcome.events.size();
+                    const auto full = outcome.full;
                     feed([&](relay_engine& e) { e.claimed(std::move(outcome)); });
+                    if (!engine_.stopping()) feed_wake([&](wake_policy& w, auto now) { return w.claimed(got, full, now); });
                 });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, why = scrub_secrets(e.what(), opts_.dsn)] {
@@ -351,7 +452,11 @@ private:
         });
     }
 
-    void run(stop_listening_command&) { listener_.stop(); }
+    void run(stop_listening_command&) {
+        listener_.stop();
+        stopped_waking_ = true;
+        wake_timer_.cancel();
+    }
 
     void run(finish_command& c) {
         for (auto& s : sinks_) s->close();
@@ -366,6 +471,14 @@ private:
             // there (a timed-out shutdown may have one): what it took is
             // released too.
             worker_.submit([this](pg::store& claim_store) {
+                if (wake_.listens()) {
+                    try {
+                        claim_store.forget_wake();
+                    } catch (const std::exception& e) {
+                        log::warn("could not withdraw the relay's wake-up declaration; it expires on its own",
+                                  {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                    }
+                }
                 try {
                     const auto released = claim_store.release();
                     log::info("stopped", {{"released", fmt::format("{}", released)}});
@@ -396,6 +509,9 @@ private:
     store_worker worker_;
     pg::store outcome_store_;
     store_worker outcome_worker_;
+    wake_policy wake_;
+    net::steady_timer wake_timer_;
+    bool stopped_waking_ = false;
     pg::listener listener_;
     std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
     net::signal_set signals_;

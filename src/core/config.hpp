@@ -79,6 +79,14 @@ struct config {
     std::size_t concurrency = 32;         // deliveries in flight at most, all destinations
     std::chrono::milliseconds lease{30'000};
     std::chrono::milliseconds sweep_interval{30'000};
+    // How the relay learns of new events (README "Wake-up modes"): "auto"
+    // (notifications while it is idle, claims back to back while busy),
+    // "notify" (a notification at every commit) or "poll" (no LISTEN, a
+    // claim every poll_interval).
+    std::string wake = "auto";
+    // poll mode's claim interval; also how often a relay whose notifications
+    // do not arrive (the self-test failed) claims instead.
+    std::chrono::milliseconds poll_interval{500};
     std::chrono::milliseconds shutdown_timeout{10'000};
     // Idempotency keys older than this are forgotten (the relay purges them
     // at every sweep): a producer retrying with the same key later makes a

@@ -77,6 +77,12 @@ void relay_engine::start(std::string message_prefix) {
 
 void relay_engine::wake() { start_claim(dispatch_.on_wake()); }
 
+void relay_engine::wake_from_start() {
+    if (dispatch_.stopping()) return;
+    reset_claim_marks(false);
+    wake();
+}
+
 void relay_engine::start_claim(std::size_t n) {
     if (n == 0) return;
     claim_request request{n, cfg_.lease, {}, deliveries_due_, drain_watermark_, low_mark_};

@@ -138,6 +138,19 @@ public:
     // (its circuit closed). Returns how many.
     std::size_t release_waiting_deliveries(const std::string& destination);
 
+    // Wake-up (store_wake.cpp, sql/0007): this relay declares itself idle
+    // or busy, the row counting for `valid`; forgets its declaration.
+    void declare_wake(bool idle, std::chrono::milliseconds valid);
+    void forget_wake();
+    // xids as comma-separated text: every transaction in progress now, and
+    // those of `xids` still in progress.
+    [[nodiscard]] std::string transactions_in_progress();
+    [[nodiscard]] std::string still_in_progress(const std::string& xids);
+    // NOTIFY channel (the relay's self-test).
+    void notify(const std::string& channel);
+    // Whether the events table has its wake-up trigger (`outboxd wake-trigger`).
+    [[nodiscard]] bool wake_trigger_installed();
+
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
 
     // The event claim of queries.sql with its size and watermark filled in,
