@@ -190,9 +190,14 @@ private:
                                     {"wake", cfg_.wake},
                                     {"lease_owner", opts_.lease_owner}});
         // LISTEN is active; now drain whatever was committed before it.
-        feed([this](relay_engine& e) { e.start(message_prefix_); });
+        // The declaration first: it goes ahead of the drain on the claim
+        // connection, so the drain and the watch that follows it see every
+        // commit that read "no relay idle" (core/wake_policy.hpp).
         feed_wake([](wake_policy& w, auto now) { return w.started(now); });
-        if (wake_.listens()) feed_wake([&](wake_policy& w, auto now) { return trigger_installed ? w.listening(now) : w.no_trigger(now); });
+        if (wake_.listens()) {
+            feed_wake([&](wake_policy& w, auto now) { return trigger_installed ? w.listening(now) : w.no_trigger(now); });
+        }
+        feed([this](relay_engine& e) { e.start(message_prefix_); });
     }
 
     static wake_policy::settings wake_settings(const config& cfg) {

@@ -36,16 +36,21 @@ wake_policy::actions wake_policy::listening(time now) {
     if (!listens()) return a;
     a.self_notify = true;
     self_test_until_ = now + s_.self_test_timeout;
-    // Whatever it was before the connection was lost, the relay drains now
-    // and starts idle: producers notify until it is busy again.
-    state_ = state::idle;
+    // Whatever it was before (nothing at startup, busy before the connection
+    // was lost), the relay declares itself idle now, exactly as when a busy
+    // spell ends: producers that read the old state and have not committed
+    // yet are watched.
     busy_poll_at_.reset();
     watch_at_.reset();
     watching_.clear();
-    if (!polling_) {
-        declared_idle_ = true;
-        a.declare = true;
+    if (polling_) {
+        state_ = state::idle;
+        return a;
     }
+    state_ = state::settling;
+    declared_idle_ = true;
+    a.declare = true;
+    a.read_in_progress = true;
     return a;
 }
 

@@ -25,6 +25,9 @@
 // more than watch_slow_after after the transition); any other event is
 // notified or found by a busy claim.
 //
+// The same happens after every LISTEN (at startup nothing was declared; after
+// a reconnect the relay may have been busy).
+//
 // Self-test (notify and auto): after every LISTEN the shell notifies the
 // channel from another connection. If nothing arrives within
 // self_test_timeout (behind a transaction pooler LISTEN "succeeds" and
