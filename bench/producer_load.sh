@@ -21,11 +21,12 @@
 # No relay runs in the other modes: their producer cost does not depend on
 # one, and a relay's CPU would be charged to them on a small machine.
 #
-# Prints a Markdown table: median commits/s of `runs` runs per mode and
-# client count, and each mode's ratio to `no-wake` (the same transactions
-# with no wake mechanism at all). The outbox tables are emptied before every
-# run. Builds nothing (scripts/build.sh first); uses build/outboxd. The
-# cluster is removed on exit.
+# Prints a Markdown table: median commits/s of `runs` rounds (each runs
+# every mode and client count once) per mode and client count, and each
+# mode's ratio to `no-wake` (the same transactions with no wake mechanism at
+# all). The outbox tables are emptied before every run. Builds nothing
+# (scripts/build.sh first); uses build/outboxd, or $OUTBOXD_BIN. The cluster
+# is removed on exit.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -45,7 +46,7 @@ while (($#)); do
     *) echo "producer_load.sh: unknown argument: $1" >&2; usage ;;
   esac
 done
-outboxd=$root/build/outboxd
+outboxd=${OUTBOXD_BIN:-$root/build/outboxd}
 [[ -x $outboxd ]] || { echo "producer_load.sh: build first (scripts/build.sh)" >&2; exit 1; }
 pgbench=${PG_BINDIR:-/usr/lib/postgresql/15/bin}/pgbench
 
@@ -107,19 +108,25 @@ set_up_mode() {
 
 script_of() { [[ $1 == none ]] && echo "$dir/none.sql" || echo "$dir/outbox.sql"; }
 
-declare -A median
-for mode in $modes; do
+# Rounds: every mode and client count once per round, so that a slow spell
+# of the machine (other work, a disk busy elsewhere) falls on all modes
+# alike rather than on whichever mode ran then.
+declare -A rates median
+for ((r = 1; r <= runs; r++)); do
   for c in $clients; do
-    rates=()
-    for ((r = 1; r <= runs; r++)); do
+    for mode in $modes; do
       set_up_mode "$mode"
       tps=$("$pgbench" -n -f "$(script_of "$mode")" -c "$c" -j "$((c < 4 ? c : 4))" -T "$seconds" "$url" 2>&1 |
         sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | head -1)
       [[ -n $tps ]] || { echo "producer_load.sh: pgbench failed ($mode, $c clients)" >&2; exit 1; }
-      rates+=("$tps")
-      echo "$mode c=$c run $r: $tps tps" >&2
+      rates[$mode,$c]+="$tps "
+      echo "round $r c=$c $mode: $tps tps" >&2
     done
-    median[$mode,$c]=$(printf '%s\n' "${rates[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  done
+done
+for mode in $modes; do
+  for c in $clients; do
+    median[$mode,$c]=$(printf '%s\n' ${rates[$mode,$c]} | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
   done
 done
 stop_relay

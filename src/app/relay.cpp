@@ -114,6 +114,8 @@ public:
           signals_(ioc_, SIGINT, SIGTERM),
           timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
                   net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_)} {
+        store_.set_transaction_pooling(cfg_.db_transaction_pooling);
+        outcome_store_.set_transaction_pooling(cfg_.db_transaction_pooling);
         for (const auto& d : cfg_.destinations) {
             try {
                 sinks_.push_back(d.kind == transport::stdout_lines

@@ -74,6 +74,9 @@ struct config {
     // The relay's own statements: the server cancels one that runs longer,
     // and outboxd gives up on one not answered within this plus 2 s. 0: none.
     std::chrono::milliseconds db_statement_timeout{5'000};
+    // The relay's connections go through a transaction pooler (PgBouncer
+    // pool_mode = transaction): no prepared statements, no session settings.
+    bool db_transaction_pooling = false;
     std::string log_level = "info";
     std::string log_format = "logfmt";   // or "json": how log records are written
     std::size_t concurrency = 32;         // deliveries in flight at most, all destinations

@@ -40,6 +40,8 @@ constexpr row<config> relay_table[] = {
      duration(min_db_keepalive_timeout), member<&c::db_keepalive_timeout>, every},
     {"database.statement_timeout", "OUTBOXD_DATABASE_STATEMENT_TIMEOUT", "database-statement-timeout", duration(0ms),
      member<&c::db_statement_timeout>},
+    {"database.transaction_pooling", "OUTBOXD_DATABASE_TRANSACTION_POOLING", "database-transaction-pooling",
+     boolean(), member<&c::db_transaction_pooling>},
     {"relay.concurrency", "OUTBOXD_CONCURRENCY", "concurrency", integer(1, max_concurrency), member<&c::concurrency>},
     {"relay.lease", "OUTBOXD_LEASE", "lease", duration(1ms), member<&c::lease>},
     {"relay.sweep_interval", "OUTBOXD_SWEEP_INTERVAL", "sweep-interval", duration(100ms), member<&c::sweep_interval>},

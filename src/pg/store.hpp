@@ -152,6 +152,10 @@ public:
     [[nodiscard]] bool wake_trigger_installed();
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
+    // Before the first connection: the session goes through a transaction
+    // pooler, which keeps neither prepared statements nor session settings
+    // between transactions (and would hand our settings to other clients).
+    void set_transaction_pooling(bool on) noexcept { transaction_pooling_ = on; }
 
     // The event claim of queries.sql with its size and watermark filled in,
     // the delivery claim with its size, and the settings of the session that
@@ -163,6 +167,8 @@ public:
 
 private:
     void set_up(pqxx::connection& c);  // session settings and prepared statements
+    template <typename Args>
+    auto run(pqxx::transaction_base& tx, const Args& args) const;  // prepared, unless pooled
     void prepare_claims(pqxx::connection& c) const;
 
     std::string schema_;
@@ -170,6 +176,7 @@ private:
     bool relay_session_;
     bool plan_once_;
     std::chrono::milliseconds statement_timeout_;
+    bool transaction_pooling_ = false;
     // The claim's :known_destination: the SQL that keeps other relays'
     // deliveries out of "deliveries are due".
     std::string known_destination_;
