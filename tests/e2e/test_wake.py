@@ -117,6 +117,22 @@ def test_poll_mode_through_pgbouncer_transaction_pooling_claims_delivers_and_ack
     assert db.wait_empty(5), r.log()
     assert "prepared statement" not in r.log()
     assert r.alive()
+    # Nothing of the relay's session leaked into the pool's server connections,
+    # which the application's transactions get next (synchronous_commit = off
+    # would make their commits asynchronous). Both server connections at once.
+    apps = [psycopg2.connect(pgbouncer) for _ in range(2)]
+    try:
+        seen = []
+        for a in apps:
+            cur = a.cursor()
+            cur.execute("SELECT current_setting('synchronous_commit'), current_setting('plan_cache_mode'), "
+                        "current_setting('statement_timeout'), pg_backend_pid()")
+            seen.append(cur.fetchone())
+        assert len({row[3] for row in seen}) == 2, seen
+        assert all(row[:3] == ("on", "auto", "0") for row in seen), f"the relay's settings leaked: {seen}"
+    finally:
+        for a in apps:
+            a.close()
 
 
 def test_notify_behind_a_transaction_pooler_fails_its_self_test_loudly_and_polls(
