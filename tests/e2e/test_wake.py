@@ -197,3 +197,29 @@ def test_auto_mode_catches_a_commit_that_read_busy_and_committed_after_the_relay
         assert delay < 1.0, f"the raced event took {delay:.2f}s after its commit"
         return
     pytest.fail("could not get the relay declared busy at the producer's insert")
+
+
+def test_the_trigger_notifies_only_while_a_relay_is_declared_idle_and_its_declaration_is_valid(db, database_url):
+    listener = psycopg2.connect(database_url)
+    listener.autocommit = True
+    channel = '"' + ("outboxd." + db.schema).replace('"', '""') + '"'
+    listener.cursor().execute(f"LISTEN {channel}")
+
+    def notified_by_an_insert() -> bool:
+        listener.poll()
+        listener.notifies.clear()
+        db.enqueue("t", {"n": 1})
+        # A notification is sent at commit, before the commit returns: by the
+        # time it is read here it is on its way; the wait only reads it.
+        return bool(wait_until(lambda: (listener.poll(), listener.notifies)[1], 0.5))
+
+    try:
+        assert not notified_by_an_insert(), "notified with no relay at all"
+        db.query("INSERT INTO {s}.relay_wake (owner, idle, until) VALUES ('busy', false, now() + interval '1 hour')")
+        assert not notified_by_an_insert(), "notified while the only relay is busy"
+        db.query("INSERT INTO {s}.relay_wake (owner, idle, until) VALUES ('stale', true, now() - interval '1 second')")
+        assert not notified_by_an_insert(), "notified for a relay whose declaration ran out"
+        db.query("INSERT INTO {s}.relay_wake (owner, idle, until) VALUES ('idle', true, now() + interval '1 hour')")
+        assert notified_by_an_insert(), "not notified while a relay is idle"
+    finally:
+        listener.close()
