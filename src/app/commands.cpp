@@ -440,7 +440,16 @@ int dispatch(const parsed_args& args) {
         return args.help ? exit_ok : exit_usage;
     }
     // Every command reads the configuration first (load_config), which sets
-    // the log level and format: flag, environment or file.
+    // the log level and format: flag, environment or file. The line saying
+    // why a command stopped is written in the chosen format even when the
+    // configuration is what is wrong: the flag or environment, if valid.
+    try {
+        if (const auto format = option_or_env(args, "log-format", "OUTBOXD_LOG_FORMAT", std::string()); !format.empty()) {
+            log::set_format(log::parse_format(format));
+        }
+    } catch (const std::exception&) {
+        // Reported by load_config, with where the bad value came from.
+    }
     if (args.command == "sql") return cmd_sql(args);
     if (args.command == "migrate") return cmd_migrate(args);
     if (args.command == "enqueue") return cmd_enqueue(args);

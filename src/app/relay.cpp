@@ -75,6 +75,8 @@ std::size_t write_outcomes(pg::store& store, const outcome_batch& batch) {
     for (const auto& d : batch.dead) fenced += store.bury(d.ref, d.error, d.status, d.excerpt) ? 0 : 1;
     for (const auto& f : batch.fan_outs) fenced += store.fan_out(f.ref, f.owed, f.dead) ? 0 : 1;
     fenced += store.finish_deliveries(batch.deliveries);
+    for (const auto& h : batch.handed_back) fenced += store.hand_back(h.ref, h.delay) ? 0 : 1;
+    for (const auto& h : batch.deliveries_handed_back) fenced += store.hand_back_delivery(h.ref, h.delay) ? 0 : 1;
     return fenced;
 }
 
@@ -113,7 +115,12 @@ public:
                     cfg_.db_keepalive_timeout),
           signals_(ioc_, SIGINT, SIGTERM),
           timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
-                  net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_)} {
+                  net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
+                  net::steady_timer(ioc_)} {
+        if (cfg_.db_transaction_pooling && cfg_.live_leases) {
+            // A session advisory lock means nothing through a transaction pooler.
+            throw fatal_error(exit_usage, "database.transaction_pooling needs relay.live_leases = false");
+        }
         store_.set_transaction_pooling(cfg_.db_transaction_pooling);
         outcome_store_.set_transaction_pooling(cfg_.db_transaction_pooling);
         for (const auto& d : cfg_.destinations) {
@@ -156,6 +163,7 @@ private:
             store_.connect();
             check_schema(store_.schema_version());
             message_prefix_ = store_.message_prefix();
+            if (cfg_.live_leases) store_.bind_leases_to_session();
             outcome_store_.connect();
             if (wake_.listens()) {
                 listener_.connect_now();
@@ -427,6 +435,19 @@ private:
                     }
                     net::post(ioc_, [this, more = purged == batch] {
                         feed([&](relay_engine& e) { e.dead_letters_purged(more); });
+                    });
+                });
+                break;
+            case housekeeping_job::dead_relays:
+                housekeeping("taking over the leases of dead relays", [this](pg::store& s) {
+                    const auto taken = s.take_over_dead_relays();
+                    if (taken.relays.empty()) return;
+                    std::string owners;
+                    for (const auto& o : taken.relays) owners += (owners.empty() ? "" : " ") + o;
+                    log::info("took over the leases of relays whose database session is gone",
+                              {{"relays", owners}, {"leases", fmt::format("{}", taken.leases)}});
+                    net::post(ioc_, [this, n = taken.leases] {
+                        feed([&](relay_engine& e) { e.relays_taken_over(n); });
                     });
                 });
                 break;

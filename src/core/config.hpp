@@ -90,6 +90,11 @@ struct config {
     // poll mode's claim interval; also how often a relay whose notifications
     // do not arrive (the self-test failed) claims instead.
     std::chrono::milliseconds poll_interval{500};
+    // Leases bound to the relay's database session (sql/0006): a dead
+    // relay's leases are taken over within a second. Off behind a
+    // transaction pooler, where a session is not the relay's own: leases
+    // then expire as before.
+    bool live_leases = true;
     std::chrono::milliseconds shutdown_timeout{10'000};
     // Idempotency keys older than this are forgotten (the relay purges them
     // at every sweep): a producer retrying with the same key later makes a

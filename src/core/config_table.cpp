@@ -55,6 +55,7 @@ constexpr row<config> relay_table[] = {
      member<&c::idempotency_retention>},
     {"relay.dead_letter_retention", "OUTBOXD_DEAD_LETTER_RETENTION", "dead-letter-retention", duration(0ms),
      member<&c::dead_letter_retention>},
+    {"relay.live_leases", "OUTBOXD_LIVE_LEASES", "live-leases", boolean(), member<&c::live_leases>},
     {"egress.block_private_addresses", "OUTBOXD_BLOCK_PRIVATE_ADDRESSES", "block-private-addresses", boolean(),
      member<&c::block_private_addresses>},
 };

@@ -43,16 +43,21 @@ struct outcome_batch {
     std::vector<fan_out_item> fan_outs;
     // One destination's delivery of a fanned-out event.
     delivery_outcomes deliveries;
+    // Claimed but never sent: back to the outbox with the claim's attempt
+    // taken back (the error of a handed-back item is not written).
+    std::vector<reschedule_item> handed_back;
+    std::vector<delivery_retry> deliveries_handed_back;
     // Something keyed finished (delivered or dead) or was fanned out: the
     // next event of that key may be due once this is recorded.
     bool unblocks_key = false;
 
     [[nodiscard]] bool empty() const noexcept {
-        return delivered.empty() && retries.empty() && dead.empty() && fan_outs.empty() && deliveries.empty();
+        return delivered.empty() && retries.empty() && dead.empty() && fan_outs.empty() && deliveries.empty() &&
+               handed_back.empty() && deliveries_handed_back.empty();
     }
     [[nodiscard]] std::size_t size() const noexcept {
         return delivered.size() + retries.size() + dead.size() + fan_outs.size() + deliveries.delivered.size() +
-               deliveries.retries.size() + deliveries.dead.size();
+               deliveries.retries.size() + deliveries.dead.size() + handed_back.size() + deliveries_handed_back.size();
     }
     void append(outcome_batch&& other) {
         auto move_all = [](auto& to, auto& from) { std::move(from.begin(), from.end(), std::back_inserter(to)); };
@@ -63,6 +68,8 @@ struct outcome_batch {
         move_all(deliveries.delivered, other.deliveries.delivered);
         move_all(deliveries.retries, other.deliveries.retries);
         move_all(deliveries.dead, other.deliveries.dead);
+        move_all(handed_back, other.handed_back);
+        move_all(deliveries_handed_back, other.deliveries_handed_back);
         unblocks_key = unblocks_key || other.unblocks_key;
     }
 };

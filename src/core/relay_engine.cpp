@@ -59,6 +59,11 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             wake();  // a claim that includes the destinations that may probe now
             arm_probe();
             break;
+        case relay_timer::takeover:
+            if (dispatch_.stopping()) break;
+            emit(housekeeping_command{housekeeping_job::dead_relays});
+            arm(relay_timer::takeover, clock_.steady() + takeover_interval);
+            break;
         case relay_timer::shutdown:
             log::warn("shutdown timeout: releasing deliveries still in flight",
                       {{"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))}});
@@ -72,6 +77,20 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
 void relay_engine::start(std::string message_prefix) {
     message_prefix_ = std::move(message_prefix);
     arm(relay_timer::sweep, clock_.steady() + cfg_.sweep_interval);
+    wake();
+    if (cfg_.live_leases) {
+        // At once: a restarted relay picks up its predecessor's work.
+        emit(housekeeping_command{housekeeping_job::dead_relays});
+        arm(relay_timer::takeover, clock_.steady() + takeover_interval);
+    }
+}
+
+void relay_engine::relays_taken_over(std::size_t leases) {
+    if (leases == 0 || dispatch_.stopping()) return;
+    // Handed back due now, events and deliveries alike; a key they held may
+    // have later events waiting behind the marks: claim from the beginning.
+    deliveries_due_ = true;
+    reset_claim_marks(true);
     wake();
 }
 
@@ -185,10 +204,12 @@ void relay_engine::pump() {
         if (clock_.steady() > next.lease_end - longest_attempt_) {
             // It waited behind requests that hung until their timeouts: an
             // attempt now might outlast the lease and race the relay that
-            // claims it next. Not sent; the lease runs out and the event is
-            // claimed again (by us or another relay).
-            log::warn("claimed event waited too long for a delivery slot; left for its lease to expire",
+            // claims it next. Not sent: handed back, due now, its attempt
+            // not counted.
+            log::warn("claimed event waited too long for a delivery slot; handed back unsent",
                       {{"event_id", str(next.e->id)}});
+            hand_back(*next.e, milliseconds(0));
+            flush_outcomes();
             start_claim(dispatch_.on_delivery_finished());
             continue;
         }
@@ -337,7 +358,7 @@ void relay_engine::deliver_owed(std::shared_ptr<const event> e, header_list head
     }
     const auto i = static_cast<std::size_t>(it - cfg_.destinations.begin());
     if (!circuits_[i].allows_request(clock_.steady())) {
-        hand_back({std::move(e), ref, keyed, {}, unix_now, lease_end}, i);
+        hand_back_to_circuit(*e, i);
         return;
     }
     if (!lanes_[i].full()) {
@@ -443,28 +464,37 @@ void relay_engine::arm_probe() {
     if (earliest) arm(relay_timer::circuit_probe, *earliest);
 }
 
-void relay_engine::hand_back(const owed_item& item, std::size_t i) {
+// Back to the outbox unsent, due after `delay`, the claim's attempt taken back.
+void relay_engine::hand_back(const event& e, milliseconds delay) {
+    if (e.destination) {
+        pending_.deliveries_handed_back.push_back({{e.id, *e.destination, e.attempt}, delay, {}});
+    } else {
+        pending_.handed_back.push_back({{e.id, e.attempt}, delay, {}});
+    }
+    pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
+}
+
+// A claimed delivery its destination's open circuit will not take (claimed
+// just before it opened): due again when the circuit probes.
+void relay_engine::hand_back_to_circuit(const event& e, std::size_t i) {
     const auto at = circuits_[i].probe_at().value_or(clock_.steady());
-    const auto delay = std::chrono::ceil<milliseconds>(std::max(at - clock_.steady(), steady_time::duration(0)));
-    pending_.deliveries.retries.push_back(
-        {item.ref, delay, fmt::format("not sent: destination {} is failing (circuit open)", cfg_.destinations[i].name)});
+    hand_back(e, std::chrono::ceil<milliseconds>(std::max(at - clock_.steady(), steady_time::duration(0))));
     finished();
 }
 
 // A delivery that waited in its destination's lane gets a connection.
 void relay_engine::start_waiting(std::size_t i, owed_item item) {
     const auto& d = cfg_.destinations[i];
-    if (!circuits_[i].allows_request(clock_.steady())) {
-        hand_back(item, i);
-        ++lanes_[i].busy;  // the connection was not used: the next waiting delivery may take it
-        lane_freed(i);
-        return;
-    }
-    if (clock_.steady() > item.lease_end - d.connect_timeout - d.request_timeout) {
-        send_result r;
-        r.transport_error = true;
-        r.error = fmt::format("no free connection to destination {} within the lease", d.name);
-        on_owed_result(item, i, r);
+    const bool circuit_open = !circuits_[i].allows_request(clock_.steady());
+    if (circuit_open || clock_.steady() > item.lease_end - d.connect_timeout - d.request_timeout) {
+        // Its circuit opened while it waited, or no connection came free
+        // while the request would still fit in the lease: not sent.
+        if (circuit_open) {
+            hand_back_to_circuit(*item.e, i);
+        } else {
+            hand_back(*item.e, milliseconds(0));
+            finished();
+        }
         // The connection was not used: the next waiting delivery may take it.
         ++lanes_[i].busy;
         lane_freed(i);
@@ -676,12 +706,17 @@ void relay_engine::signalled(int signal_number) {
               {{"signal", str(signal_number)}, {"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))},
                {"timeout", format_duration(cfg_.shutdown_timeout)}});
     dispatch_.on_stop();
-    // Not started yet: not sent at all. finish() releases their leases.
-    for (; !ready_.empty(); ready_.pop_front()) (void)dispatch_.on_delivery_finished();
+    // Not started yet: handed back unsent, due now, their attempts not counted.
+    for (; !ready_.empty(); ready_.pop_front()) {
+        hand_back(*ready_.front().e, milliseconds(0));
+        (void)dispatch_.on_delivery_finished();
+    }
+    flush_outcomes();
     emit(stop_listening_command{});
     cancel(relay_timer::sweep);
     cancel(relay_timer::next_due);
     cancel(relay_timer::claim_retry);
+    cancel(relay_timer::takeover);
     arm(relay_timer::shutdown, clock_.steady() + cfg_.shutdown_timeout);
     maybe_finish();
 }

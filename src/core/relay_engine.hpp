@@ -21,8 +21,10 @@
 //                  the request still fits in the lease
 //          ─> settled: its outcome joins the pending batch, and the slot
 //             is free (finished())
-//   A ready item whose lease would end before an attempt could is not sent:
-//   the lease runs out and the event is claimed again.
+//   An item that cannot be sent after all (its lease would end before an
+//   attempt could, its destination's circuit opened, shutdown began) is
+//   handed back: due again, its claim's attempt taken back, since attempts
+//   count requests actually sent.
 //
 // Claims (see core/dispatcher.hpp and core/claim_capacity.hpp): one at a
 // time, sized to the free slots, which include events claimed ahead of
@@ -43,13 +45,14 @@
 // success closes it and its waiting deliveries are released at once.
 //
 // Timers: the sweep (a claim now and then for what no wake-up announced,
-// and housekeeping), the next-due timer (retries and delayed events on
+// and housekeeping), the takeover (every second with live leases: hand back
+// the leases of relays whose database session is gone, sql/0006), the next-due timer (retries and delayed events on
 // time, never further than the sweep), the claim and flush retry timers,
 // the circuit probe, and the shutdown timeout. Each arm carries a generation; a timer that
 // fires after it was re-armed or cancelled is ignored.
 //
-// Shutdown: the first signal stops claiming and drops the ready queue
-// (their leases are released), lets what is being sent finish, writes what
+// Shutdown: the first signal stops claiming and hands the ready queue back
+// unsent, lets what is being sent finish, writes what
 // is pending, then finishes (release every lease we hold, stop). The
 // shutdown timeout finishes without waiting further; a second signal exits
 // at once.
@@ -83,8 +86,8 @@ namespace outboxd {
 
 using steady_time = std::chrono::steady_clock::time_point;
 
-enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe };
-inline constexpr std::size_t relay_timer_count = 6;
+enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe, takeover };
+inline constexpr std::size_t relay_timer_count = 7;
 
 // What a destination made of one request (the sink's report, I/O-free).
 struct send_result {
@@ -127,7 +130,9 @@ struct cancel_timer_command {
 };
 // Housekeeping on the outcome connection, off the claim path; a failure is
 // only logged (the next sweep tries again).
-enum class housekeeping_job { idempotency_keys, key_holds, orphan_deliveries, dead_letters };
+// dead_relays: take over the leases of relays whose session is gone; feed
+// back relays_taken_over().
+enum class housekeeping_job { idempotency_keys, key_holds, orphan_deliveries, dead_letters, dead_relays };
 struct housekeeping_command {
     housekeeping_job job = housekeeping_job::key_holds;
 };
@@ -173,6 +178,12 @@ public:
     void signalled(int signal_number);
     // A dead-letter purge came back with a full batch: more may be past retention.
     void dead_letters_purged(bool more);
+    // A takeover handed back `leases` of dead relays, due now.
+    void relays_taken_over(std::size_t leases);
+
+    // How often a relay with live leases looks for dead relays: a killed
+    // relay's work waits about this long, not for its lease to expire.
+    static constexpr std::chrono::milliseconds takeover_interval{1'000};
 
     // What to do now, in order; each input adds to it.
     [[nodiscard]] std::vector<relay_command> take_commands();
@@ -265,9 +276,8 @@ private:
     [[nodiscard]] std::size_t free_connections(std::size_t destination);
     void judge_health(std::size_t destination, const send_result& r);
     void arm_probe();
-    // A claimed delivery its destination's open circuit will not take: back
-    // to the outbox, due when the circuit probes.
-    void hand_back(const owed_item& item, std::size_t destination);
+    void hand_back(const event& e, std::chrono::milliseconds delay);
+    void hand_back_to_circuit(const event& e, std::size_t destination);
     void start_waiting(std::size_t destination, owed_item item);
     [[nodiscard]] destination_result judge(std::size_t destination, std::int32_t attempt, const send_result& r);
     void log_result(std::int64_t id, const destination_result& res, std::int32_t attempt,

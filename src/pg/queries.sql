@@ -766,3 +766,108 @@ ORDER BY 1;
 UPDATE :"schema".deliveries
 SET available_at = now()
 WHERE destination = $1 AND lease_owner IS NULL AND available_at > now();
+
+-- name: hand_back
+-- params: id, attempt, owner, delay_ms
+-- Claimed but never sent (it waited too long for a delivery slot, or the
+-- relay is shutting down before sending it): back to the outbox, due after
+-- delay_ms, and the claim's attempt is taken back, so that attempts count
+-- requests actually sent. Fenced like `complete`; nothing was sent under
+-- this attempt, so no outcome can arrive for it later.
+WITH returned AS (
+    UPDATE :"schema".events
+    SET available_at = now() + $4 * interval '1 millisecond',
+        lease_owner = NULL,
+        attempts = attempts - 1
+    WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+    RETURNING id, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING returned
+    WHERE h.ordering_key = returned.ordering_key AND h.destination = '' AND h.event_id = returned.id
+)
+SELECT id FROM returned;
+
+-- name: hand_back_delivery
+-- params: id, destination, attempt, owner, delay_ms
+-- `hand_back` for one destination's delivery (its circuit is open, or no
+-- connection to it came free within the lease).
+WITH returned AS (
+    UPDATE :"schema".deliveries
+    SET available_at = now() + $5 * interval '1 millisecond',
+        lease_owner = NULL,
+        attempts = attempts - 1
+    WHERE event_id = $1 AND destination = $2 AND attempts = $3 AND lease_owner = $4
+    RETURNING event_id, destination, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    USING returned
+    WHERE h.ordering_key = returned.ordering_key AND h.destination = returned.destination
+      AND h.event_id = returned.event_id
+)
+SELECT event_id FROM returned;
+
+-- name: register_relay
+-- params: owner
+-- Binds our leases to this session (sql/0006), on the connection that
+-- claims, before its first claim and again after every reconnect: the
+-- session-level advisory lock first, then the row that tells other relays
+-- which lock to try. Never the other way round: another relay could find
+-- the row, take the free lock in between and take over a live relay. Only
+-- tried, never waited for: after a network partition our previous session
+-- may live on at the server for a while, holding the lock (it covers our
+-- leases meanwhile); the store tries again before each claim until it has
+-- it. Returns a row when the lock is ours.
+WITH locked AS (
+    SELECT key, pg_try_advisory_lock(key) AS got
+    FROM (SELECT hashtextextended('outboxd.relay.' || $1, 0) AS key) AS k
+)
+INSERT INTO :"schema".relays (lease_owner, lock_key)
+SELECT $1, key FROM locked WHERE got
+ON CONFLICT (lease_owner) DO UPDATE SET lock_key = excluded.lock_key
+RETURNING lease_owner;
+
+-- name: find_dead_relays
+-- params: owner
+-- The other relays whose claiming session is gone: their lock is free. Run
+-- in the takeover's transaction, which keeps each lock it got until it
+-- commits, so a relay that only lost its connection cannot come back
+-- between this and take_over_leases (register_relay waits for us). A lock
+-- held by a live session is only tried, never waited for. OFFSET 0: the
+-- lock is tried only for rows past the filter (never our own).
+SELECT lease_owner
+FROM (SELECT lease_owner, lock_key FROM :"schema".relays WHERE lease_owner <> $1 OFFSET 0) AS other
+WHERE pg_try_advisory_xact_lock(lock_key);
+
+-- name: take_over_leases
+-- params: owners
+-- The leases of relays find_dead_relays found dead, handed back due now
+-- like `release` hands back our own, and the relays forgotten. The attempt
+-- number stays: the dead relay may have sent the request (so it counts),
+-- and a late outcome from a relay that was not quite dead is refused by the
+-- fencing (lease owner and attempt). Only leases still running
+-- (available_at in the future; an expired one is claimable already): that
+-- range of the available_at indexes holds leases, retries and delayed
+-- events, never the due backlog. owners: the dead relays' lease owners.
+WITH forgotten AS (
+    DELETE FROM :"schema".relays WHERE lease_owner = ANY ($1::text[])
+), events_released AS (
+    UPDATE :"schema".events
+    SET available_at = now(), lease_owner = NULL
+    WHERE lease_owner = ANY ($1::text[]) AND available_at > now() AND available_at < 'infinity'
+    RETURNING id, ordering_key
+), deliveries_released AS (
+    UPDATE :"schema".deliveries
+    SET available_at = now(), lease_owner = NULL
+    WHERE lease_owner = ANY ($1::text[]) AND available_at > now()
+    RETURNING event_id, destination, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    WHERE (h.ordering_key, h.destination, h.event_id) IN (
+        SELECT ordering_key, '', id FROM events_released WHERE ordering_key IS NOT NULL
+        UNION ALL
+        SELECT ordering_key, destination, event_id FROM deliveries_released WHERE ordering_key IS NOT NULL)
+)
+SELECT id FROM events_released
+UNION ALL
+SELECT event_id FROM deliveries_released;

@@ -2,6 +2,8 @@
 // claims are in store_claim.cpp).
 #include "pg/store.hpp"
 
+#include <thread>
+
 #include <fmt/format.h>
 #include <pqxx/pqxx>
 
@@ -96,6 +98,8 @@ void store::set_up(pqxx::connection& c) {
     }
     prepare_claims(c);
     prepared::prepare(queries_, c);
+    holds_session_lock_ = false;
+    if (bound_to_session_) register_session(c);
 }
 
 // Claims are planned once and the plan serves whatever comes later, so it
@@ -293,6 +297,76 @@ std::size_t store::release_waiting_deliveries(const std::string& destination) {
         pqxx::nontransaction tx(c);
         return exec_params(tx, queries_, q::release_waiting_deliveries::args{.destination = destination})
             .affected_rows();
+    });
+}
+
+bool store::hand_back(lease_ref e, std::chrono::milliseconds delay) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_,
+                           q::hand_back::args{.id = e.id,
+                                              .attempt = e.attempt,
+                                              .owner = owner_,
+                                              .delay_ms = static_cast<long long>(delay.count())})
+                   .size() == 1;
+    });
+}
+
+bool store::hand_back_delivery(const delivery_ref& d, std::chrono::milliseconds delay) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_,
+                           q::hand_back_delivery::args{.id = d.id,
+                                                       .destination = d.destination,
+                                                       .attempt = d.attempt,
+                                                       .owner = owner_,
+                                                       .delay_ms = static_cast<long long>(delay.count())})
+                   .size() == 1;
+    });
+}
+
+void store::bind_leases_to_session() {
+    const bool fresh = !connected();
+    bound_to_session_ = true;
+    if (fresh) {
+        session_.connect();  // set_up registers
+    } else {
+        session_.run([&](pqxx::connection& c) { register_session(c); });
+    }
+}
+
+// Before any claim on a session: a lease it stamps is then covered by the
+// lock (see register_relay), or, while our previous session still holds it,
+// by that one.
+void store::register_session(pqxx::connection& c) {
+    // A previous session that we closed ends at the server a moment later:
+    // a few tries cover that; one that lingers (a partition) is tried again
+    // at the next claim.
+    for (int attempt = 0; attempt < 10; ++attempt) {
+        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        pqxx::nontransaction tx(c);
+        holds_session_lock_ = !exec_params(tx, queries_, q::register_relay::args{.owner = owner_}).empty();
+        if (holds_session_lock_) return;
+    }
+}
+
+void store::hold_session_lock(pqxx::connection& c) {
+    if (bound_to_session_ && !holds_session_lock_) register_session(c);
+}
+
+store::takeover store::take_over_dead_relays() {
+    return session_.run([&](pqxx::connection& c) {
+        takeover out;
+        pqxx::work tx(c);
+        for (const auto& row : exec_params(tx, queries_, q::find_dead_relays::args{.owner = owner_})) {
+            out.relays.push_back(row[q::find_dead_relays::col::lease_owner].as<std::string>());
+        }
+        if (!out.relays.empty()) {
+            const auto owners = text_array(out.relays, [](const std::string& o) { return std::optional(o); });
+            out.leases = exec_params(tx, queries_, q::take_over_leases::args{.owners = owners}).size();
+        }
+        tx.commit();
+        return out;
     });
 }
 

@@ -134,6 +134,25 @@ public:
     // ago, oldest first. Returns how many.
     std::size_t purge_dead_letters(std::chrono::milliseconds retention, std::size_t batch);
 
+    // Claimed but never sent: back to the outbox due after `delay`, the
+    // claim's attempt taken back. False when the lease was no longer ours.
+    [[nodiscard]] bool hand_back(lease_ref e, std::chrono::milliseconds delay);
+    [[nodiscard]] bool hand_back_delivery(const delivery_ref& d, std::chrono::milliseconds delay);
+
+    // Leases bound to a live relay (sql/0006), for the connection that
+    // claims: holds this lease owner's advisory lock for as long as the
+    // session lives and registers it, now and again on every new connection
+    // before its first claim. Call once the schema is known to be migrated.
+    void bind_leases_to_session();
+    struct takeover {
+        std::vector<std::string> relays;  // lease owners found dead
+        std::size_t leases = 0;           // events and deliveries handed back
+    };
+    // Finds the registered relays whose session is gone (their lock is
+    // free), hands back their leases due now and forgets them. One short
+    // transaction; with no relay dead, one indexed read of `relays`.
+    [[nodiscard]] takeover take_over_dead_relays();
+
     // Makes the deliveries waiting out a backoff at `destination` due now
     // (its circuit closed). Returns how many.
     std::size_t release_waiting_deliveries(const std::string& destination);
@@ -166,7 +185,10 @@ public:
     [[nodiscard]] static std::vector<std::string> plan_once_settings();
 
 private:
-    void set_up(pqxx::connection& c);  // session settings and prepared statements
+    void set_up(pqxx::connection& c);
+    void register_session(pqxx::connection& c);
+    // Before a claim: takes the session lock if this session does not hold it yet.
+    void hold_session_lock(pqxx::connection& c);  // session settings and prepared statements
     template <typename Args>
     auto run(pqxx::transaction_base& tx, const Args& args) const;  // prepared, unless pooled
     void prepare_claims(pqxx::connection& c) const;
@@ -182,6 +204,8 @@ private:
     std::string known_destination_;
     query_book queries_;
     session session_;
+    bool bound_to_session_ = false;
+    bool holds_session_lock_ = false;
 };
 
 }  // namespace outboxd::pg

@@ -110,6 +110,7 @@ std::string store::claim_deliveries_sql(std::size_t size) const {
 claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
                           const std::optional<claim_watermark>& after, const std::optional<std::string>& low_mark) {
     return session_.run([&](pqxx::connection& c) {
+        hold_session_lock(c);
         pqxx::nontransaction tx(c);
         const auto size = claim_size(limit);
         const auto lease_ms = static_cast<long long>(lease.count());

@@ -3,8 +3,8 @@ PostgreSQL and a real receiver, with real processes killed, paused and raced:
 
 * many relays, many keys, a flaky receiver: nothing lost, per-key order, no
   event accepted twice;
-* kill -9 mid-batch: everything delivered after lease expiry, duplicates only
-  among what the killed relay held;
+* kill -9 mid-batch: everything delivered once the killed relay's session is
+  gone, duplicates only among what the killed relay held;
 * lease fencing: a paused relay whose lease expired cannot record an outcome
   over another relay's claim;
 * Retry-After (seconds and HTTP date) drives the retry, not the backoff or
@@ -333,7 +333,9 @@ def test_kill_9_mid_batch_loses_nothing_and_duplicates_only_what_was_in_flight(d
     assert all(c <= 2 for c in counts.values()), {i: c for i, c in counts.items() if c > 2}
 
     # Every event the dead relay held is delivered again by B as the next
-    # attempt, only after the dead relay's lease expired (never stolen early).
+    # attempt, and only after the dead relay was gone: B takes its leases
+    # over at startup, since the dead relay's session no longer holds its
+    # lock (sql/0006), not when they expire.
     # (A request of the dead relay may still be parsed after the kill: it was
     # in the receiver's socket buffer. It carries the dead relay's attempt.)
     for event_id, row in held.items():
@@ -344,8 +346,7 @@ def test_kill_9_mid_batch_loses_nothing_and_duplicates_only_what_was_in_flight(d
             (event_id, row["attempts"], [(x.attempt, x.status) for x in reqs])
         assert len(by_b) == 1 and by_b[0].status == 200, \
             f"event {event_id} (held by the killed relay) was not sent again exactly once: {reqs}"
-        assert by_b[0].wall >= row["expires"] - 0.05, \
-            f"event {event_id} re-sent {row['expires'] - by_b[0].wall:.3f}s before its lease expired"
+        assert by_b[0].mono >= t_kill, f"event {event_id} re-sent before the relay holding it was killed"
 
     # Per-key order survived the crash (the first acceptance of each event).
     first_ok: dict = {}

@@ -107,7 +107,7 @@ def test_poll_mode_through_pgbouncer_transaction_pooling_claims_delivers_and_ack
         outboxd, db, pgbouncer, receiver, relay):
     _remove_trigger(outboxd, db)
     r = relay(receiver, "--wake", "poll", "--poll-interval", "100ms", "--sweep-interval", "1h",
-              "--database-transaction-pooling", database_url=pgbouncer)
+              "--database-transaction-pooling", "--live-leases", "false", database_url=pgbouncer)
     ids = [db.enqueue("t", {"n": i}) for i in range(30)]
     assert wait_delivered(receiver, ids, timeout=15), r.log()
     # Acknowledged: the outcomes were written through the pooler too.
@@ -140,7 +140,7 @@ def test_poll_mode_through_pgbouncer_transaction_pooling_claims_delivers_and_ack
 def test_notify_behind_a_transaction_pooler_fails_its_self_test_loudly_and_polls(
         outboxd, db, pgbouncer, receiver, relay):
     r = relay(receiver, "--wake", "notify", "--poll-interval", "200ms", "--sweep-interval", "1h",
-              "--database-transaction-pooling", database_url=pgbouncer)
+              "--database-transaction-pooling", "--live-leases", "false", database_url=pgbouncer)
     assert wait_until(lambda: "notifications do not arrive" in r.log(), 10), r.log()
     assert "level=error" in next(line for line in r.log().splitlines() if "notifications do not arrive" in line)
     # Producers are no longer asked to notify (nobody would hear it).

@@ -282,8 +282,13 @@ TEST_CASE("relay engine: a claimed event whose lease would end before its attemp
     CHECK_FALSE(h.has<send_command>());
     CHECK(h.engine.ready() == 0);
     CHECK(h.engine.sending() == 0);
-    CHECK(h.engine.held() == 0);  // its slot is free again; it comes back once its lease ends
-    CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);  // event 1 only
+    CHECK(h.engine.held() == 0);  // its slot is free again
+    CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);  // event 1
+    // Event 2 goes back to the outbox, due now, its claim's attempt taken back.
+    REQUIRE(h.engine.pending_outcomes().handed_back.size() == 1);
+    CHECK(h.engine.pending_outcomes().handed_back[0].ref.id == 2);
+    CHECK(h.engine.pending_outcomes().handed_back[0].ref.attempt == 1);
+    CHECK(h.engine.pending_outcomes().handed_back[0].delay == 0ms);
 }
 
 TEST_CASE("relay engine: a lane-waiting delivery that no longer fits in its lease fails without being sent") {
@@ -302,18 +307,19 @@ TEST_CASE("relay engine: a lane-waiting delivery that no longer fits in its leas
     h.answer(first, ok());
     CHECK_FALSE(h.has<send_command>());
     CHECK(h.engine.lane_waiting(0) == 0);
-    // The freed connection goes to the waiting delivery first, which fails
-    // at once (it is written first); then the answer is recorded.
+    // The freed connection goes to the waiting delivery first, which is
+    // handed back unsent (written first); then the answer is recorded.
     const auto write = h.one<write_outcomes_command>();
-    REQUIRE(write.batch->deliveries.retries.size() == 1);
-    CHECK(write.batch->deliveries.retries[0].ref.id == 2);
-    CHECK(write.batch->deliveries.retries[0].error == "no free connection to destination a within the lease");
+    REQUIRE(write.batch->deliveries_handed_back.size() == 1);
+    CHECK(write.batch->deliveries_handed_back[0].ref.id == 2);
+    CHECK(write.batch->deliveries.retries.empty());
     REQUIRE(h.engine.pending_outcomes().deliveries.delivered.size() == 1);
     CHECK(h.engine.pending_outcomes().deliveries.delivered[0].id == 1);
     CHECK(h.engine.sending() == 0);
 }
 
-TEST_CASE("relay engine: shutdown drops claimed-ahead events, lets the one in flight finish, writes, then finishes") {
+TEST_CASE("relay engine: shutdown hands back claimed-ahead events unsent, lets the one in flight finish, writes, "
+          "then finishes") {
     harness h(one_destination(1));
     h.start();
     h.claim_returns({make_event(1), make_event(2), make_event(3)});
@@ -322,6 +328,10 @@ TEST_CASE("relay engine: shutdown drops claimed-ahead events, lets the one in fl
     h.engine.signalled(15);
     h.step();
     CHECK(h.has<stop_listening_command>());
+    const auto handed_back = h.one<write_outcomes_command>();
+    REQUIRE(handed_back.batch->handed_back.size() == 2);
+    CHECK(handed_back.batch->handed_back[0].ref.id == 2);
+    CHECK(handed_back.batch->handed_back[1].ref.id == 3);
     const auto timeout = h.armed(relay_timer::shutdown);
     REQUIRE(timeout);
     CHECK(timeout->at == h.clock.now + 10s);
@@ -334,6 +344,8 @@ TEST_CASE("relay engine: shutdown drops claimed-ahead events, lets the one in fl
     CHECK_FALSE(h.has<claim_command>());
     h.answer(in_flight, ok());
     CHECK_FALSE(h.has<finish_command>());  // its outcome is written first
+    h.engine.outcomes_written(0);
+    h.step();
     CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);
     h.engine.outcomes_written(0);
     h.step();
@@ -634,4 +646,56 @@ TEST_CASE("relay engine: the probe timer wakes the relay at the probe time") {
     h.engine.timer_fired(relay_timer::circuit_probe, probe->generation);
     h.step();
     CHECK(h.has<claim_command>());
+}
+
+TEST_CASE("relay engine: live leases: a takeover at start and every second; leases handed back are claimed at once") {
+    harness h(one_destination(4));
+    (void)h.start();
+    const auto takeovers = [&] {
+        std::size_t n = 0;
+        for (const auto& c : h.all<housekeeping_command>()) n += c.job == housekeeping_job::dead_relays ? 1 : 0;
+        return n;
+    };
+    CHECK(takeovers() == 1);  // at once: a restarted relay picks up its predecessor's work
+    const auto timer = h.armed(relay_timer::takeover);
+    REQUIRE(timer);
+    CHECK(timer->at == h.clock.now + relay_engine::takeover_interval);
+    h.claim_returns({});
+
+    h.clock.advance(relay_engine::takeover_interval);
+    h.engine.timer_fired(relay_timer::takeover, timer->generation);
+    h.step();
+    CHECK(takeovers() == 1);
+    REQUIRE(h.armed(relay_timer::takeover));
+    CHECK_FALSE(h.has<claim_command>());
+
+    // Nothing handed back: no claim. Some: a claim at once, from the
+    // beginning, deliveries included.
+    h.engine.relays_taken_over(0);
+    h.step();
+    CHECK_FALSE(h.has<claim_command>());
+    h.engine.relays_taken_over(3);
+    h.step();
+    const auto claim = h.one<claim_command>();
+    CHECK(claim.request.deliveries_due);
+    CHECK_FALSE(claim.request.low_mark);
+    CHECK_FALSE(claim.request.drain_watermark);
+    h.claim_returns({});
+
+    // After a signal: no more takeovers.
+    const auto last = *h.armed(relay_timer::takeover);
+    h.engine.signalled(15);
+    h.step();
+    h.engine.timer_fired(relay_timer::takeover, last.generation);
+    h.step();
+    CHECK(takeovers() == 0);
+}
+
+TEST_CASE("relay engine: live leases off: no takeover") {
+    auto cfg = one_destination(4);
+    cfg.live_leases = false;
+    harness h(cfg);
+    (void)h.start();
+    CHECK(h.all<housekeeping_command>().empty());
+    CHECK_FALSE(h.armed(relay_timer::takeover));
 }

@@ -1,0 +1,110 @@
+// Leases bound to a live relay (sql/0006, pg::store::bind_leases_to_session
+// and take_over_dead_relays) against a real PostgreSQL: real sessions, real
+// advisory locks.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+#include <pqxx/pqxx>
+
+#include "pg/producer.hpp"
+#include "pg/store.hpp"
+#include "pg_fixture.hpp"
+
+using namespace outboxd;
+using namespace std::chrono_literals;
+using outboxd::testing::scalar;
+
+namespace {
+
+using testing::installed;
+
+pg::new_event ev(std::optional<std::string> key = std::nullopt) {
+    pg::new_event e;
+    e.topic = "t";
+    e.payload = R"({"n":1})";
+    e.ordering_key = std::move(key);
+    return e;
+}
+
+// A session's backend ends a moment after its client closed it: takes over
+// until something is taken, or gives up after a deadline.
+pg::store::takeover take_over_within(pg::store& s, std::chrono::seconds deadline) {
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    for (;;) {
+        auto t = s.take_over_dead_relays();
+        if (!t.relays.empty() || std::chrono::steady_clock::now() > until) return t;
+        std::this_thread::sleep_for(10ms);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("live leases: a relay's leases are not taken over while its session lives, and are the moment it ends") {
+    installed db;
+    auto a = db.store("relay-a");
+    auto peer = db.store("relay-peer");
+    a.bind_leases_to_session();
+    peer.bind_leases_to_session();
+    const auto keyed = db.enqueue(ev("k"));
+    const auto plain = db.enqueue(ev());
+    const auto claimed = a.claim(10, 60s);
+    REQUIRE(claimed.events.size() == 2);
+
+    // Alive: tried, not taken (several times: a try never steals).
+    for (int i = 0; i < 3; ++i) {
+        const auto t = peer.take_over_dead_relays();
+        CHECK(t.relays.empty());
+        CHECK(t.leases == 0);
+    }
+    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner = 'relay-a' AND available_at > now()") == "2");
+    CHECK(db.query("SELECT count(*) FROM {s}.key_holds") == "1");
+
+    a.disconnect();  // as a kill -9 would: the session ends, nothing else
+    const auto t = take_over_within(peer, 5s);
+    REQUIRE(t.relays == std::vector<std::string>{"relay-a"});
+    CHECK(t.leases == 2);
+    // Due now, attempt kept, key hold gone, relay forgotten.
+    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner IS NULL AND available_at <= now() "
+                   "AND attempts = 1") == "2");
+    CHECK(db.query("SELECT count(*) FROM {s}.key_holds") == "0");
+    CHECK(db.query("SELECT string_agg(lease_owner, ',') FROM {s}.relays") == "relay-peer");
+    // The peer claims them at once, as the next attempt.
+    const auto again = peer.claim(10, 60s);
+    REQUIRE(again.events.size() == 2);
+    for (const auto& e : again.events) CHECK(e.attempt == 2);
+    // A late outcome of the dead relay (a zombie) is refused by the fencing.
+    auto zombie = db.store("relay-a");
+    CHECK(zombie.complete(std::vector<pg::lease_ref>{{keyed, 1}, {plain, 1}}).empty());
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "2");
+}
+
+TEST_CASE("live leases: a relay that holds no lock (an older outboxd, or live leases off) is never taken over") {
+    installed db;
+    auto old = db.store("relay-old");  // not bound
+    auto peer = db.store("relay-peer");
+    peer.bind_leases_to_session();
+    (void)db.enqueue(ev());
+    REQUIRE(old.claim(10, 60s).events.size() == 1);
+    old.disconnect();
+    const auto t = peer.take_over_dead_relays();
+    CHECK(t.relays.empty());
+    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner = 'relay-old' AND available_at > now()") ==
+          "1");
+}
+
+TEST_CASE("live leases: a relay that lost its connection holds its lock again before its next claim") {
+    installed db;
+    auto a = db.store("relay-a");
+    auto peer = db.store("relay-peer");
+    a.bind_leases_to_session();
+    peer.bind_leases_to_session();
+    (void)db.enqueue(ev());
+    a.disconnect();
+    REQUIRE(a.claim(10, 60s).events.size() == 1);  // on a new session, registered again first
+    CHECK(peer.take_over_dead_relays().relays.empty());
+    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner = 'relay-a' AND available_at > now()") == "1");
+    CHECK(db.query("SELECT count(*) FROM {s}.relays WHERE lease_owner = 'relay-a'") == "1");
+}
