@@ -107,7 +107,8 @@ def test_poll_mode_through_pgbouncer_transaction_pooling_claims_delivers_and_ack
         outboxd, db, pgbouncer, receiver, relay):
     _remove_trigger(outboxd, db)
     r = relay(receiver, "--wake", "poll", "--poll-interval", "100ms", "--sweep-interval", "1h",
-              "--database-transaction-pooling", "--live-leases", "false", database_url=pgbouncer)
+              "--database-transaction-pooling", database_url=pgbouncer,
+              env={"OUTBOXD_LIVE_LEASES": "false"})
     ids = [db.enqueue("t", {"n": i}) for i in range(30)]
     assert wait_delivered(receiver, ids, timeout=15), r.log()
     # Acknowledged: the outcomes were written through the pooler too.
@@ -140,7 +141,8 @@ def test_poll_mode_through_pgbouncer_transaction_pooling_claims_delivers_and_ack
 def test_notify_behind_a_transaction_pooler_fails_its_self_test_loudly_and_polls(
         outboxd, db, pgbouncer, receiver, relay):
     r = relay(receiver, "--wake", "notify", "--poll-interval", "200ms", "--sweep-interval", "1h",
-              "--database-transaction-pooling", "--live-leases", "false", database_url=pgbouncer)
+              "--database-transaction-pooling", database_url=pgbouncer,
+              env={"OUTBOXD_LIVE_LEASES": "false"})
     assert wait_until(lambda: "notifications do not arrive" in r.log(), 10), r.log()
     assert "level=error" in next(line for line in r.log().splitlines() if "notifications do not arrive" in line)
     # Producers are no longer asked to notify (nobody would hear it).
@@ -223,3 +225,9 @@ def test_the_trigger_notifies_only_while_a_relay_is_declared_idle_and_its_declar
         assert notified_by_an_insert(), "not notified while a relay is idle"
     finally:
         listener.close()
+
+
+def test_transaction_pooling_with_live_leases_is_refused_at_start(db, receiver, relay):
+    r = relay(receiver, "--wake", "poll", "--database-transaction-pooling")
+    assert r.wait(10) == 2, r.log()
+    assert "database.transaction_pooling needs relay.live_leases = false" in r.log()
