@@ -21,6 +21,8 @@ packages=(
   pgbouncer
   # end-to-end tests and demo run under Debian's /usr/bin/python3
   python3 python3-psycopg2 python3-pytest
+  # parses /metrics in the e2e tests (the Prometheus client's own parser)
+  python3-prometheus-client
   # HTTPS
   ca-certificates openssl
   # systemd-analyze, which checks packaging/outboxd.service (tests/e2e/test_packaging.py)

@@ -20,7 +20,7 @@ struct option_spec {
 };
 
 // The commands' own options; the configuration's come from its settings table.
-constexpr std::array<option_spec, 13> command_options{{
+constexpr std::array<option_spec, 16> command_options{{
     {"config", ""},
     {"topic", "enqueue dead"},
     {"payload", "enqueue"},
@@ -34,6 +34,9 @@ constexpr std::array<option_spec, 13> command_options{{
     {"json", "dead status", false, false},
     {"all", "dead", false, false},
     {"dry-run", "dead", false, false},
+    {"once", "run", false, false},
+    {"watch", "status", false, false},
+    {"interval", "status"},
 }};
 
 const std::vector<option_spec>& known_options() {
@@ -164,9 +167,12 @@ Commands:
               install the trigger that lets producers wake relays (relay.wake = auto or
               notify; migrate installs it), or remove it (relay.wake = poll: producers
               then pay nothing for wake-ups)
-  run         deliver events to the configured destinations until SIGINT/SIGTERM
+  run         deliver events to the configured destinations until SIGINT/SIGTERM;
+              SIGHUP reloads the configuration file (destinations, routes, relay settings).
+              --once: deliver what is due, then exit 0 (cron, batch jobs, tests)
   check-config  validate the configuration `run` would use and print it, secrets redacted
-  status      per topic: pending, in flight, retrying, oldest age, dead letters [--json]
+  status      per topic and per destination: pending, due, scheduled, in flight, retrying,
+              dead letters, oldest age, circuit state [--json] [--watch [--interval D]]
   dead list   dead letters, oldest first [--topic T] [--older-than D] [--limit N] [--json]
   dead replay put dead letters back into the outbox under their original ids, due now:
               --id N, or --all, or a filter [--topic T] [--older-than D]

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -11,7 +12,9 @@
 #include <iostream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -28,6 +31,7 @@
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
 #include "core/redact.hpp"
+#include "core/routing.hpp"
 #include "core/signing.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
@@ -277,33 +281,169 @@ int cmd_enqueue(const parsed_args& args) {
     }
 }
 
-int cmd_status(const parsed_args& args) {
-    const auto [schema, dsn] = database_of(args);
-    auto conn = connect(dsn);
-    const auto topics = with_installed_outbox(schema, [&] { return pg::outbox_status(*conn, schema); });
-    if (args.flag("json")) {
-        // One object per line, like `dead list --json`.
-        for (const auto& t : topics) {
-            nlohmann::json j{{"topic", t.topic},
-                             {"pending", t.pending},
-                             {"waiting_on_key", t.waiting_on_key},
-                             {"scheduled", t.scheduled},
-                             {"in_flight", t.in_flight},
-                             {"retrying", t.retrying},
-                             {"dead", t.dead},
-                             {"oldest_pending_seconds", t.oldest_pending_seconds}};
-            j["last_error"] = t.last_error ? nlohmann::json(*t.last_error) : nlohmann::json();
-            std::cout << j.dump() << '\n';
+// ---- status -----------------------------------------------------------------
+
+// Counts of one row of `outboxd status` (a topic, or a destination).
+struct status_counts {
+    std::int64_t pending = 0;
+    std::int64_t waiting_on_key = 0;
+    std::int64_t scheduled = 0;
+    std::int64_t in_flight = 0;
+    std::int64_t retrying = 0;
+    std::int64_t dead = 0;
+    double oldest_pending_seconds = 0;
+    std::optional<std::string> last_error;
+
+    void add(const pg::work_status& w, bool name_destination) {
+        pending += w.pending;
+        waiting_on_key += w.waiting_on_key;
+        scheduled += w.scheduled;
+        in_flight += w.in_flight;
+        retrying += w.retrying;
+        dead += w.dead;
+        oldest_pending_seconds = std::max(oldest_pending_seconds, w.oldest_pending_seconds);
+        if (!last_error && w.last_error) {
+            last_error = name_destination && w.destination ? fmt::format("{}: {}", *w.destination, *w.last_error)
+                                                           : *w.last_error;
         }
+    }
+    [[nodiscard]] nlohmann::json json() const {
+        nlohmann::json j{{"pending", pending},     {"waiting_on_key", waiting_on_key},
+                         {"scheduled", scheduled}, {"in_flight", in_flight},
+                         {"retrying", retrying},   {"dead", dead},
+                         {"oldest_pending_seconds", oldest_pending_seconds}};
+        j["last_error"] = last_error ? nlohmann::json(*last_error) : nlohmann::json();
+        return j;
+    }
+};
+
+// Work of events not fanned out, without the routes to tell whose it is.
+constexpr std::string_view unrouted_bucket = "*";
+constexpr std::string_view no_route_bucket = "(no route)";
+
+struct status_view {
+    std::map<std::string, status_counts> topics;
+    std::map<std::string, status_counts> destinations;
+    std::map<std::string, std::string> circuits;  // destination -> what the live relays report
+};
+
+status_view read_status(pqxx::connection& conn, const config& c) {
+    status_view v;
+    const auto work = pg::outbox_status(conn, c.schema);
+    std::optional<route_table> routes;
+    if (!c.destinations.empty()) routes.emplace(c);
+    for (const auto& d : c.destinations) v.destinations[d.name];  // every configured one, idle or not
+    for (const auto& w : work) {
+        v.topics[w.topic].add(w, true);
+        if (w.destination) {
+            v.destinations[*w.destination].add(w, false);
+        } else if (!routes) {
+            v.destinations[std::string(unrouted_bucket)].add(w, false);
+        } else if (const auto to = routes->match(w.topic); to.empty()) {
+            v.destinations[std::string(no_route_bucket)].add(w, false);
+        } else {
+            for (const auto i : to) v.destinations[c.destinations[i].name].add(w, false);
+        }
+    }
+    const auto reports = pg::published_circuits(conn, c.schema);
+    for (auto& [name, counts] : v.destinations) {
+        if (name == unrouted_bucket || name == no_route_bucket) continue;
+        std::int64_t open = 0;
+        for (const auto& r : reports.destinations) open += r.destination == name ? r.open : 0;
+        v.circuits[name] = reports.live_relays == 0 ? "-"
+                           : open == 0              ? "closed"
+                           : open == reports.live_relays
+                               ? "open"
+                               : fmt::format("open {}/{}", open, reports.live_relays);
+    }
+    return v;
+}
+
+std::string render_status(const status_view& v) {
+    std::string out = fmt::format("{:<32} {:>9} {:>14} {:>9} {:>9} {:>9} {:>9} {:>14}\n", "topic", "pending",
+                                  "waiting_on_key", "scheduled", "in_flight", "retrying", "dead", "oldest_pending");
+    for (const auto& [topic, t] : v.topics) {
+        out += fmt::format("{:<32} {:>9} {:>14} {:>9} {:>9} {:>9} {:>9} {:>13.1f}s\n", topic, t.pending,
+                           t.waiting_on_key, t.scheduled, t.in_flight, t.retrying, t.dead, t.oldest_pending_seconds);
+        if (t.last_error) out += fmt::format("    last error: {}\n", *t.last_error);
+    }
+    out += fmt::format("\n{:<32} {:>9} {:>14} {:>9} {:>9} {:>9} {:>9} {:>14} {:>9}\n", "destination", "pending",
+                       "waiting_on_key", "scheduled", "in_flight", "retrying", "dead", "oldest_pending", "circuit");
+    for (const auto& [name, d] : v.destinations) {
+        const auto circuit = v.circuits.find(name);
+        out += fmt::format("{:<32} {:>9} {:>14} {:>9} {:>9} {:>9} {:>9} {:>13.1f}s {:>9}\n", name, d.pending,
+                           d.waiting_on_key, d.scheduled, d.in_flight, d.retrying, d.dead, d.oldest_pending_seconds,
+                           circuit == v.circuits.end() ? "-" : circuit->second);
+    }
+    return out;
+}
+
+std::string render_status_json(const status_view& v) {
+    // One object per line, like `dead list --json`: topics, then destinations.
+    std::string out;
+    for (const auto& [topic, t] : v.topics) {
+        auto j = t.json();
+        j["topic"] = topic;
+        out += j.dump() + '\n';
+    }
+    for (const auto& [name, d] : v.destinations) {
+        auto j = d.json();
+        j["destination"] = name;
+        const auto circuit = v.circuits.find(name);
+        j["circuit"] = circuit == v.circuits.end() ? nlohmann::json() : nlohmann::json(circuit->second);
+        out += j.dump() + '\n';
+    }
+    return out;
+}
+
+volatile std::sig_atomic_t watch_stopped = 0;
+
+int cmd_status(const parsed_args& args) {
+    const auto c = load_config(args, /*destinations_required=*/false);
+    const auto dsn = effective_dsn(c);
+    const bool json = args.flag("json");
+    auto conn = connect(dsn);
+    if (!args.flag("watch")) {
+        const auto v = with_installed_outbox(c.schema, [&] { return read_status(*conn, c); });
+        std::cout << (json ? render_status_json(v) : render_status(v));
         return exit_ok;
     }
-    std::cout << fmt::format("{:<32} {:>9} {:>14} {:>9} {:>9} {:>9} {:>9} {:>14}\n", "topic", "pending",
-                             "waiting_on_key", "scheduled", "in_flight", "retrying", "dead", "oldest_pending");
-    for (const auto& t : topics) {
-        std::cout << fmt::format("{:<32} {:>9} {:>14} {:>9} {:>9} {:>9} {:>9} {:>13.1f}s\n", t.topic, t.pending,
-                                 t.waiting_on_key, t.scheduled, t.in_flight, t.retrying, t.dead,
-                                 t.oldest_pending_seconds);
-        if (t.last_error) std::cout << fmt::format("    last error: {}\n", *t.last_error);
+    // A live view: redrawn in place every --interval (JSON: the lines again,
+    // after an empty line) until SIGINT or SIGTERM. A lost connection is
+    // reported on the screen and tried again at the next refresh.
+    const auto interval = duration_option(args, "interval", std::chrono::seconds(2));
+    if (interval < std::chrono::milliseconds(100)) throw fatal_error(exit_usage, "--interval: at least 100ms");
+    std::signal(SIGINT, [](int) { watch_stopped = 1; });
+    std::signal(SIGTERM, [](int) { watch_stopped = 1; });
+    while (watch_stopped == 0) {
+        std::string screen;
+        try {
+            if (!conn) conn = connect(dsn);
+            const auto v = with_installed_outbox(c.schema, [&] { return read_status(*conn, c); });
+            screen = json ? render_status_json(v) : render_status(v);
+        } catch (const fatal_error& e) {
+            if (e.code != exit_db_unavailable) throw;
+            screen = fmt::format("{}\n", e.what());
+        } catch (const pqxx::broken_connection& e) {
+            conn.reset();
+            screen = fmt::format("database connection lost: {}\n", scrub_secrets(e.what(), dsn));
+        }
+        if (json) {
+            std::cout << screen << '\n' << std::flush;
+        } else {
+            // Home, the new view with each line's old tail erased, then
+            // erase whatever the previous view left below it.
+            std::string lines = fmt::format("every {}, Ctrl-C to stop\n\n{}", format_duration(interval), screen);
+            std::string redraw = "\x1b[H";
+            for (std::size_t at = 0, nl; (nl = lines.find('\n', at)) != std::string::npos; at = nl + 1) {
+                redraw += lines.substr(at, nl - at) + "\x1b[K\n";
+            }
+            std::cout << redraw << "\x1b[J" << std::flush;
+        }
+        for (auto waited = std::chrono::milliseconds(0); waited < interval && watch_stopped == 0;
+             waited += std::chrono::milliseconds(50)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
     }
     return exit_ok;
 }
@@ -418,6 +558,13 @@ int cmd_run(const parsed_args& args) {
     warn_about_secrets_in_file(o.settings);
     o.dsn = effective_dsn(o.settings);
     o.lease_owner = make_lease_owner();
+    if (args.flag("once")) o.mode = run_mode::once;
+    // SIGHUP: the file again; the environment and flags are as at startup.
+    o.reload = [args] {
+        auto c = load_config(args, /*destinations_required=*/true);
+        warn_about_secrets_in_file(c);
+        return c;
+    };
     return run_relay(o);
 }
 

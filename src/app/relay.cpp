@@ -16,9 +16,11 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <pqxx/except>
 
 #include "app/exit_codes.hpp"
+#include "app/relay_telemetry.hpp"
 #include "app/sink.hpp"
 #include "app/store_worker.hpp"
 #include "core/claim_sequence.hpp"
@@ -95,43 +97,46 @@ class relay {
 public:
     explicit relay(const relay_options& o)
         : opts_(o),
-          cfg_(opts_.settings),
-          engine_(cfg_, clock_, std::random_device{}()),
-          store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/true,
-                 cfg_.db_statement_timeout, configured_destination_names(cfg_)),
+          config_(std::make_unique<const config>(opts_.settings)),
+          engine_(std::make_unique<relay_engine>(*config_, clock_, std::random_device{}())),
+          store_(o.dsn, cfg().schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/true,
+                 cfg().db_statement_timeout, configured_destination_names(cfg())),
           worker_(store_),
-          outcome_store_(o.dsn, cfg_.schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/false,
-                         cfg_.db_statement_timeout),
+          outcome_store_(o.dsn, cfg().schema, o.lease_owner, /*relay_session=*/true, /*plan_once=*/false,
+                         cfg().db_statement_timeout),
           outcome_worker_(outcome_store_),
-          wake_(wake_settings(cfg_)),
+          telemetry_(ioc_, config_, engine_, outcome_worker_, o.dsn,
+                     plan_migrations(std::nullopt, embedded::migrations()).binary_version),
+          wake_(wake_settings(cfg())),
           wake_timer_(ioc_),
-          listener_(ioc_, worker_.executor(), o.dsn, notify_channel(cfg_.schema),
-                    {[this] { feed_wake([](wake_policy& w, auto now) { return w.notified(now); }); },
+          listener_(ioc_, worker_.executor(), o.dsn, notify_channel(cfg().schema),
+                    {[this] {
+                         telemetry_.notified();
+                         feed_wake([](wake_policy& w, auto now) { return w.notified(now); });
+                     },
                      [this] {
+                         telemetry_.listen_restored();
                          wake();
                          feed_wake([](wake_policy& w, auto now) { return w.listening(now); });
                      },
-                     [this](const std::string&) { reconnect_stores(); }},
-                    cfg_.db_keepalive_timeout),
+                     [this](const std::string& why) {
+                         telemetry_.listen_lost(why);
+                         reconnect_stores();
+                     }},
+                    cfg().db_keepalive_timeout),
           signals_(ioc_, SIGINT, SIGTERM),
+          hangup_(ioc_, SIGHUP),
           timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
                   net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
-                  net::steady_timer(ioc_)} {
-        if (cfg_.db_transaction_pooling && cfg_.live_leases) {
+                  net::steady_timer(ioc_), net::steady_timer(ioc_)} {
+        engine_->observe(&telemetry_);
+        sinks_ = make_sinks(cfg());
+        if (cfg().db_transaction_pooling && cfg().live_leases) {
             // A session advisory lock means nothing through a transaction pooler.
             throw fatal_error(exit_usage, "database.transaction_pooling needs relay.live_leases = false");
         }
-        store_.set_transaction_pooling(cfg_.db_transaction_pooling);
-        outcome_store_.set_transaction_pooling(cfg_.db_transaction_pooling);
-        for (const auto& d : cfg_.destinations) {
-            try {
-                sinks_.push_back(d.kind == transport::stdout_lines
-                                     ? make_stdout_sink(ioc_)
-                                     : make_webhook_sink(ioc_, d, cfg_.block_private_addresses));
-            } catch (const std::invalid_argument& e) {
-                throw fatal_error(exit_usage, fmt::format("destination {}: {}", d.name, e.what()));
-            }
-        }
+        store_.set_transaction_pooling(cfg().db_transaction_pooling);
+        outcome_store_.set_transaction_pooling(cfg().db_transaction_pooling);
     }
 
     int run() {
@@ -163,7 +168,7 @@ private:
             store_.connect();
             check_schema(store_.schema_version());
             message_prefix_ = store_.message_prefix();
-            if (cfg_.live_leases) store_.bind_leases_to_session();
+            if (cfg().live_leases) store_.bind_leases_to_session();
             outcome_store_.connect();
             if (wake_.listens()) {
                 listener_.connect_now();
@@ -180,41 +185,31 @@ private:
                               fmt::format("database error at startup: {}", scrub_secrets(e.what(), opts_.dsn)));
         }
         if (wake_.listens()) listener_.start();
+        try {
+            telemetry_.start();
+        } catch (const boost::system::system_error& e) {
+            throw fatal_error(exit_usage, fmt::format("admin.listen: cannot listen on {}: {}", cfg().admin_listen,
+                                                      e.code().message()));
+        }
         wait_for_signal();
-        for (const auto& d : cfg_.destinations) {
-            if (d.kind == transport::webhook && d.url.is_tls() && !d.tls.verify) {
-                log::warn("INSECURE: TLS certificate verification is off for this destination; anyone on the "
-                          "network path can impersonate it and read every event",
-                          {{"destination", d.name}, {"url", describe(d)}});
-            }
-        }
-        std::string destinations;
-        for (const auto& d : cfg_.destinations) {
-            destinations += fmt::format("{}{}={}", destinations.empty() ? "" : " ", d.name, describe(d));
-        }
-        log::info("relay started", {{"schema", cfg_.schema},
-                                    {"destinations", destinations},
-                                    {"concurrency", fmt::format("{}", cfg_.concurrency)},
-                                    {"lease", format_duration(cfg_.lease)},
-                                    {"sweep_interval", format_duration(cfg_.sweep_interval)},
-                                    {"wake", cfg_.wake},
-                                    {"lease_owner", opts_.lease_owner}});
-        // LISTEN is active; now drain whatever was committed before it.
-        // The declaration first: it goes ahead of the drain on the claim
+        wait_for_hangup();
+        log_started();
+        // LISTEN is active; now drain whatever was committed before it. The
+        // wake-up declaration first: it goes ahead of the drain on the claim
         // connection, so the drain and the watch that follows it see every
         // commit that read "no relay idle" (core/wake_policy.hpp).
         feed_wake([](wake_policy& w, auto now) { return w.started(now); });
         if (wake_.listens()) {
             feed_wake([&](wake_policy& w, auto now) { return trigger_installed ? w.listening(now) : w.no_trigger(now); });
         }
-        feed([this](relay_engine& e) { e.start(message_prefix_); });
+        feed([this](relay_engine& e) { e.start(message_prefix_, opts_.mode); });
     }
 
-    static wake_policy::settings wake_settings(const config& cfg) {
+    static wake_policy::settings wake_settings(const config& c) {
         wake_policy::settings s;
-        s.mode = parse_wake_mode(cfg.wake);
-        s.poll_interval = cfg.poll_interval;
-        s.refresh_interval = cfg.sweep_interval;
+        s.mode = parse_wake_mode(c.wake);
+        s.poll_interval = c.poll_interval;
+        s.refresh_interval = c.sweep_interval;
         return s;
     }
 
@@ -222,7 +217,7 @@ private:
 
     // A declaration counts this long: a relay that stopped refreshing it
     // (every sweep) is presumed dead.
-    [[nodiscard]] std::chrono::milliseconds declaration_validity() const { return 3 * cfg_.sweep_interval; }
+    [[nodiscard]] std::chrono::milliseconds declaration_validity() const { return 3 * cfg().sweep_interval; }
 
     // Gives the wake policy one input, f(policy, now), and does what it says.
     template <typename F>
@@ -267,7 +262,8 @@ private:
                 try {
                     remaining = store.still_in_progress(xids);
                 } catch (const std::exception& e) {
-                    log::warn("reading transactions in progress failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                    log::warn("reading transactions in progress failed",
+                              {{"error", scrub_secrets(e.what(), opts_.dsn)}});
                 }
                 net::post(ioc_, [this, remaining = std::move(remaining)]() mutable {
                     feed_wake([&](wake_policy& w, auto now) { return w.watched(std::move(remaining), now); });
@@ -275,11 +271,12 @@ private:
             });
         }
         if (a.self_notify) {
-            outcome_worker_.submit([this, channel = notify_channel(cfg_.schema)](pg::store& store) {
+            outcome_worker_.submit([this, channel = notify_channel(cfg().schema)](pg::store& store) {
                 try {
                     store.notify(channel);
                 } catch (const std::exception& e) {
-                    log::warn("the notification self-test could not notify", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                    log::warn("the notification self-test could not notify",
+                              {{"error", scrub_secrets(e.what(), opts_.dsn)}});
                 }
             });
         }
@@ -293,6 +290,45 @@ private:
         }
     }
 
+    void log_started() {
+        for (const auto& d : cfg().destinations) {
+            if (d.kind == transport::webhook && d.url.is_tls() && !d.tls.verify) {
+                log::warn("INSECURE: TLS certificate verification is off for this destination; anyone on the "
+                          "network path can impersonate it and read every event",
+                          {{"destination", d.name}, {"url", describe(d)}});
+            }
+        }
+        std::string destinations;
+        for (const auto& d : cfg().destinations) {
+            destinations += fmt::format("{}{}={}", destinations.empty() ? "" : " ", d.name, describe(d));
+        }
+        log::info("relay started", {{"schema", cfg().schema},
+                                    {"destinations", destinations},
+                                    {"concurrency", fmt::format("{}", cfg().concurrency)},
+                                    {"lease", format_duration(cfg().lease)},
+                                    {"sweep_interval", format_duration(cfg().sweep_interval)},
+                                    {"wake", cfg().wake},
+                                    {"lease_owner", opts_.lease_owner},
+                                    {"mode", opts_.mode == run_mode::once ? "once" : "serve"}});
+    }
+
+    [[nodiscard]] const config& cfg() const noexcept { return *config_; }
+
+    // One sink per destination, same index.
+    std::vector<std::unique_ptr<sink>> make_sinks(const config& c) {
+        std::vector<std::unique_ptr<sink>> out;
+        for (const auto& d : c.destinations) {
+            try {
+                out.push_back(d.kind == transport::stdout_lines
+                                  ? make_stdout_sink(ioc_)
+                                  : make_webhook_sink(ioc_, d, c.block_private_addresses));
+            } catch (const std::invalid_argument& e) {
+                throw fatal_error(exit_usage, fmt::format("destination {}: {}", d.name, e.what()));
+            }
+        }
+        return out;
+    }
+
     static std::string describe(const destination_config& d) {
         if (d.kind == transport::stdout_lines) return "stdout";
         return loggable_url(d.url);
@@ -304,13 +340,13 @@ private:
             throw fatal_error(exit_schema_too_new,
                               fmt::format("the outbox in schema {} is at migration {}, newer than this outboxd "
                                           "(knows up to {}); upgrade outboxd",
-                                          quote_ident(cfg_.schema), plan.database_version, plan.binary_version));
+                                          quote_ident(cfg().schema), plan.database_version, plan.binary_version));
         }
         if (!version || !plan.pending.empty()) {
             throw fatal_error(exit_schema_missing,
                               fmt::format("the outbox in schema {} is {}; run `outboxd migrate` (or apply "
                                           "`outboxd sql`) first",
-                                          quote_ident(cfg_.schema),
+                                          quote_ident(cfg().schema),
                                           version ? fmt::format("at migration {} of {}", *version, plan.binary_version)
                                                   : std::string("not installed")));
         }
@@ -333,8 +369,125 @@ private:
         signals_.async_wait([this](const boost::system::error_code& ec, int sig) {
             if (ec) return;
             wait_for_signal();  // a second signal forces the exit
+            if (next_config_ && !terminating_) {
+                // A reload is draining the old engine: stop once it is done
+                // instead of starting the new one. A further signal forces.
+                terminating_ = true;
+                log::info("shutting down: the reload under way finishes its in-flight deliveries first",
+                          {{"signal", fmt::format("{}", sig)}});
+                return;
+            }
+            terminating_ = true;
             feed([sig](relay_engine& e) { e.signalled(sig); });
         });
+    }
+
+    // ---- reload (SIGHUP) -------------------------------------------------
+    // The engine's per-destination state (lanes, circuits, requests in
+    // flight, the sinks and their pools) is indexed by the configuration it
+    // was built with. A reload therefore drains the running engine as a
+    // shutdown does (no new claims; what is claimed but not started is
+    // handed back due now, attempt not counted; what is being sent finishes
+    // under the old configuration and its outcome is written), then starts a
+    // new engine and new sinks with the new configuration on the same
+    // process, database connections, LISTEN and lease owner. Nothing in
+    // flight is dropped; claims pause for as long as the slowest request
+    // (at most relay.shutdown_timeout). An invalid file changes nothing.
+
+    void wait_for_hangup() {
+        hangup_.async_wait([this](const boost::system::error_code& ec, int) {
+            if (ec) return;
+            wait_for_hangup();
+            reload();
+        });
+    }
+
+    void reload() {
+        if (terminating_ || engine_->finished_running() || (engine_->stopping() && !next_config_)) {
+            log::warn("SIGHUP ignored: the relay is stopping");
+            return;
+        }
+        if (!opts_.reload) {
+            log::warn("SIGHUP ignored: this relay cannot read its configuration again");
+            return;
+        }
+        std::unique_ptr<const config> fresh;
+        try {
+            fresh = std::make_unique<const config>(opts_.reload());
+        } catch (const std::exception& e) {
+            log::error("reload refused: the configuration is not valid; running on with the current one",
+                       {{"error", e.what()}});
+            return;
+        }
+        if (const auto why = needs_restart(cfg(), *fresh)) {
+            log::error("reload refused: a setting changed that only a restart applies; running on with the "
+                       "current configuration",
+                       {{"setting", *why}});
+            return;
+        }
+        const bool draining = next_config_ != nullptr;
+        next_config_ = std::move(fresh);
+        if (draining) return;  // the newest file wins when the drain ends
+        feed([](relay_engine& e) { e.reload_requested(); });
+    }
+
+    // The settings the process was built on: its connections, LISTEN, lease
+    // binding and log sinks stay across a reload.
+    static std::optional<std::string> needs_restart(const config& now, const config& next) {
+        if (now.database_url != next.database_url) return "database.url";
+        if (now.schema != next.schema) return "schema";
+        if (now.db_statement_timeout != next.db_statement_timeout) return "database.statement_timeout";
+        if (now.db_connect_timeout != next.db_connect_timeout) return "database.connect_timeout";
+        if (now.db_keepalive_timeout != next.db_keepalive_timeout) return "database.keepalive_timeout";
+        if (now.live_leases != next.live_leases) return "relay.live_leases";
+        if (now.wake != next.wake) return "relay.wake";
+        if (now.poll_interval != next.poll_interval) return "relay.poll_interval";
+        if (now.db_transaction_pooling != next.db_transaction_pooling) return "database.transaction_pooling";
+        return std::nullopt;
+    }
+
+    // The old engine is done (its finish_command ran): start the new one.
+    void swap_engine() {
+        ++epoch_;  // whatever the old engine still had on its way is ignored
+        for (auto& t : timers_) t.cancel();
+        for (auto& s : sinks_) retired_sinks_.push_back(std::move(s));
+        auto next = std::move(next_config_);
+        try {
+            sinks_ = make_sinks(*next);
+        } catch (const fatal_error& e) {
+            // Checked by the configuration already; should a sink still
+            // refuse, keep the old configuration rather than stop.
+            log::error("reload failed; running on with the previous configuration", {{"error", e.what()}});
+            next = std::make_unique<const config>(cfg());
+            sinks_ = make_sinks(*next);
+        }
+        engine_.reset();
+        config_ = std::move(next);
+        engine_ = std::make_unique<relay_engine>(*config_, clock_, std::random_device{}());
+        engine_->observe(&telemetry_);
+        // Ahead of the new engine's first claim, on the same connection.
+        worker_.submit([this, names = configured_destination_names(cfg())](pg::store& s) {
+            try {
+                s.set_destinations(names);
+            } catch (const std::exception& e) {
+                // Its claims then see other destinations' deliveries as due
+                // (an extra claim now and then); the next connection is right.
+                log::warn("preparing the claims for the new destinations failed",
+                          {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+            }
+        });
+        if (cfg().live_leases) {
+            outcome_worker_.submit([this](pg::store& s) {
+                try {
+                    s.reset_circuits();
+                } catch (const std::exception& e) {
+                    log::warn("publishing circuits failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+            });
+        }
+        log::info("reloaded");
+        log_started();
+        feed([this](relay_engine& e) { e.start(message_prefix_, opts_.mode); });
     }
 
     // ---- carrying out the engine's commands ------------------------------
@@ -344,32 +497,41 @@ private:
     // that runs at once) only adds commands; the outer call carries them out.
     template <typename Input>
     void feed(Input&& input) {
-        input(engine_);
+        input(*engine_);
         if (feeding_) return;
         feeding_ = true;
-        for (auto commands = engine_.take_commands(); !commands.empty(); commands = engine_.take_commands()) {
+        for (auto commands = engine_->take_commands(); !commands.empty(); commands = engine_->take_commands()) {
             for (auto& c : commands) std::visit([this](auto& command) { run(command); }, c);
         }
         feeding_ = false;
     }
 
+    // An answer to a command of the engine that ran at `epoch`: ignored when
+    // a reload has replaced that engine since.
+    template <typename Input>
+    void feed_from(std::uint64_t epoch, Input&& input) {
+        if (epoch == epoch_) feed(std::forward<Input>(input));
+    }
+
     void run(claim_command& c) {
-        worker_.submit([this, request = std::move(c.request)](pg::store& store) {
+        worker_.submit([this, epoch = epoch_, request = std::move(c.request)](pg::store& store) {
             try {
                 store_claims port(store);
                 const auto started = std::chrono::steady_clock::now();
                 auto outcome = run_claim(port, request);
                 outcome.started = started;
                 outcome.done = std::chrono::steady_clock::now();
-                net::post(ioc_, [this, outcome = std::move(outcome)]() mutable {
+                net::post(ioc_, [this, epoch, outcome = std::move(outcome)]() mutable {
                     const auto got = outcome.events.size();
                     const auto full = outcome.full;
-                    feed([&](relay_engine& e) { e.claimed(std::move(outcome)); });
-                    if (!engine_.stopping()) feed_wake([&](wake_policy& w, auto now) { return w.claimed(got, full, now); });
+                    feed_from(epoch, [&](relay_engine& e) { e.claimed(std::move(outcome)); });
+                    if (epoch == epoch_ && !engine_->stopping()) {
+                        feed_wake([&](wake_policy& w, auto now) { return w.claimed(got, full, now); });
+                    }
                 });
             } catch (const std::exception& e) {
-                net::post(ioc_, [this, why = scrub_secrets(e.what(), opts_.dsn)] {
-                    feed([&](relay_engine& en) { en.claim_failed(why); });
+                net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
+                    feed_from(epoch, [&](relay_engine& en) { en.claim_failed(why); });
                 });
             }
         });
@@ -377,19 +539,23 @@ private:
 
     void run(send_command& c) {
         sinks_[c.destination]->send(*c.e, std::move(c.headers), c.deadline,
-                                    [this, id = c.send_id](http::response_summary r) {
-                                        feed([&](relay_engine& e) { e.sent(id, to_send_result(std::move(r))); });
+                                    [this, epoch = epoch_, id = c.send_id](http::response_summary r) {
+                                        feed_from(epoch, [&](relay_engine& e) {
+                                            e.sent(id, to_send_result(std::move(r)));
+                                        });
                                     });
     }
 
     void run(write_outcomes_command& c) {
-        outcome_worker_.submit([this, batch = c.batch](pg::store& store) {
+        outcome_worker_.submit([this, epoch = epoch_, batch = c.batch](pg::store& store) {
             try {
                 const auto fenced = write_outcomes(store, *batch);
-                net::post(ioc_, [this, fenced] { feed([&](relay_engine& e) { e.outcomes_written(fenced); }); });
+                net::post(ioc_, [this, epoch, fenced] {
+                    feed_from(epoch, [&](relay_engine& e) { e.outcomes_written(fenced); });
+                });
             } catch (const std::exception& e) {
-                net::post(ioc_, [this, why = scrub_secrets(e.what(), opts_.dsn)] {
-                    feed([&](relay_engine& en) { en.outcomes_failed(why); });
+                net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
+                    feed_from(epoch, [&](relay_engine& en) { en.outcomes_failed(why); });
                 });
             }
         });
@@ -398,8 +564,8 @@ private:
     void run(arm_timer_command& c) {
         auto& timer = timers_[static_cast<std::size_t>(c.timer)];
         timer.expires_at(c.at);
-        timer.async_wait([this, which = c.timer, gen = c.generation](const boost::system::error_code& ec) {
-            if (!ec) feed([&](relay_engine& e) { e.timer_fired(which, gen); });
+        timer.async_wait([this, epoch = epoch_, which = c.timer, gen = c.generation](const boost::system::error_code& ec) {
+            if (!ec) feed_from(epoch, [&](relay_engine& e) { e.timer_fired(which, gen); });
         });
     }
 
@@ -408,7 +574,7 @@ private:
     void run(housekeeping_command& c) {
         switch (c.job) {
             case housekeeping_job::idempotency_keys:
-                housekeeping("purging idempotency keys", [retention = cfg_.idempotency_retention](pg::store& s) {
+                housekeeping("purging idempotency keys", [retention = cfg().idempotency_retention](pg::store& s) {
                     if (const auto purged = s.purge_idempotency_keys(retention); purged > 0) {
                         log::debug("forgot idempotency keys", {{"count", fmt::format("{}", purged)}});
                     }
@@ -426,28 +592,30 @@ private:
                 });
                 break;
             case housekeeping_job::dead_letters:
-                housekeeping("purging dead letters", [this, retention = cfg_.dead_letter_retention](pg::store& s) {
+                housekeeping("purging dead letters", [this, epoch = epoch_,
+                                                      retention = cfg().dead_letter_retention](pg::store& s) {
                     constexpr std::size_t batch = 1000;
                     const auto purged = s.purge_dead_letters(retention, batch);
                     if (purged > 0) {
                         log::info("purged dead letters past their retention",
                                   {{"count", fmt::format("{}", purged)}, {"retention", format_duration(retention)}});
                     }
-                    net::post(ioc_, [this, more = purged == batch] {
-                        feed([&](relay_engine& e) { e.dead_letters_purged(more); });
+                    net::post(ioc_, [this, epoch, more = purged == batch] {
+                        feed_from(epoch, [&](relay_engine& e) { e.dead_letters_purged(more); });
                     });
                 });
                 break;
             case housekeeping_job::dead_relays:
-                housekeeping("taking over the leases of dead relays", [this](pg::store& s) {
+                housekeeping("taking over the leases of dead relays", [this, epoch = epoch_](pg::store& s) {
                     const auto taken = s.take_over_dead_relays();
                     if (taken.relays.empty()) return;
                     std::string owners;
                     for (const auto& o : taken.relays) owners += (owners.empty() ? "" : " ") + o;
                     log::info("took over the leases of relays whose database session is gone",
                               {{"relays", owners}, {"leases", fmt::format("{}", taken.leases)}});
-                    net::post(ioc_, [this, n = taken.leases] {
-                        feed([&](relay_engine& e) { e.relays_taken_over(n); });
+                    net::post(ioc_, [this, epoch, n = taken.leases, relays = taken.relays.size()] {
+                        telemetry_.taken_over(relays, n);
+                        feed_from(epoch, [&](relay_engine& e) { e.relays_taken_over(n); });
                     });
                 });
                 break;
@@ -466,11 +634,15 @@ private:
     }
 
     void run(release_deliveries_command& c) {
-        outcome_worker_.submit([this, destination = std::move(c.destination)](pg::store& store) {
+        outcome_worker_.submit([this, destination = std::move(c.destination), just_one = c.just_one](pg::store& store) {
             try {
-                const auto released = store.release_waiting_deliveries(destination);
-                log::info("released waiting deliveries", {{"destination", destination},
-                                                          {"count", fmt::format("{}", released)}});
+                if (just_one) {
+                    (void)store.release_one_waiting_delivery(destination);
+                } else {
+                    const auto released = store.release_waiting_deliveries(destination);
+                    log::info("released waiting deliveries",
+                              {{"destination", destination}, {"count", fmt::format("{}", released)}});
+                }
             } catch (const std::exception& e) {
                 // They stay on their own schedule.
                 log::warn("releasing waiting deliveries failed",
@@ -482,11 +654,13 @@ private:
 
     void run(stop_listening_command&) {
         listener_.stop();
+        telemetry_.stopping();
         stopped_waking_ = true;
         wake_timer_.cancel();
     }
 
     void run(finish_command& c) {
+        telemetry_.stop();
         for (auto& s : sinks_) s->close();
         outcome_worker_.submit([this, batch = std::make_shared<outcome_batch>(std::move(c.last))](pg::store& store) {
             try {
@@ -499,7 +673,7 @@ private:
             // there (a timed-out shutdown may have one): what it took is
             // released too.
             worker_.submit([this](pg::store& claim_store) {
-                if (wake_.listens()) {
+                if (wake_.listens() && !(next_config_ && !terminating_)) {
                     try {
                         claim_store.forget_wake();
                     } catch (const std::exception& e) {
@@ -509,13 +683,34 @@ private:
                 }
                 try {
                     const auto released = claim_store.release();
-                    log::info("stopped", {{"released", fmt::format("{}", released)}});
+                    log::info(next_config_ && !terminating_ ? "old configuration stopped" : "stopped",
+                              {{"released", fmt::format("{}", released)}});
                 } catch (const std::exception& e) {
                     log::error("could not release leases; they expire on their own",
                                {{"error", scrub_secrets(e.what(), opts_.dsn)}});
                 }
-                net::post(ioc_, [this] { ioc_.stop(); });
+                net::post(ioc_, [this] {
+                    if (next_config_ && !terminating_) {
+                        swap_engine();
+                    } else {
+                        ioc_.stop();
+                    }
+                });
             });
+        });
+    }
+
+    void run(circuit_changed_command& c) {
+        if (!cfg().live_leases) return;  // no relays row to publish on
+        nlohmann::json state{{"state", c.state == circuit_state::open ? "open" : "closed"},
+                             {"failures", c.failures}};
+        outcome_worker_.submit([this, destination = std::move(c.destination), state = state.dump()](pg::store& s) {
+            try {
+                s.publish_circuit(destination, state);
+            } catch (const std::exception& e) {
+                log::warn("publishing a circuit's state failed",
+                          {{"destination", destination}, {"error", scrub_secrets(e.what(), opts_.dsn)}});
+            }
         });
     }
 
@@ -525,9 +720,15 @@ private:
     }
 
     relay_options opts_;
-    const config& cfg_;
+    // The configuration the engine and sinks run on; replaced by a reload.
+    std::unique_ptr<const config> config_;
     system_clock_source clock_;
-    relay_engine engine_;
+    std::unique_ptr<relay_engine> engine_;
+    // Which engine commands belong to: a reload starts a new epoch.
+    std::uint64_t epoch_ = 0;
+    // Set while a reload drains the old engine: the configuration to start next.
+    std::unique_ptr<const config> next_config_;
+    bool terminating_ = false;  // SIGINT/SIGTERM received
     // What this outbox's webhook-ids start with (read at startup, sql/0005).
     std::string message_prefix_;
     net::io_context ioc_;
@@ -537,12 +738,17 @@ private:
     store_worker worker_;
     pg::store outcome_store_;
     store_worker outcome_worker_;
+    relay_telemetry telemetry_;  // metrics, the admin listener, the summary line
     wake_policy wake_;
     net::steady_timer wake_timer_;
     bool stopped_waking_ = false;
     pg::listener listener_;
     std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
+    // Sinks of configurations a reload replaced: closed, kept until exit so
+    // that a request still on its way (a timed-out drain) completes safely.
+    std::vector<std::unique_ptr<sink>> retired_sinks_;
     net::signal_set signals_;
+    net::signal_set hangup_;
     std::array<net::steady_timer, relay_timer_count> timers_;  // indexed by relay_timer
     bool feeding_ = false;
     int exit_code_ = exit_ok;

@@ -23,7 +23,7 @@ namespace outboxd {
 struct circuit_settings {
     std::size_t failures_to_open = 5;  // 0: never opens
     std::chrono::milliseconds first_probe{500};
-    std::chrono::milliseconds longest_probe{5'000};
+    std::chrono::milliseconds longest_probe{1'000};
 };
 
 enum class circuit_state { closed, open, probing };

@@ -26,6 +26,7 @@
 #include "core/duration.hpp"
 #include "core/http_token.hpp"
 #include "core/integer.hpp"
+#include "core/listen_address.hpp"
 #include "core/sql_ident.hpp"
 #include "core/toml_text.hpp"
 #include "core/topic_pattern.hpp"
@@ -229,6 +230,17 @@ std::string non_empty(std::string_view text, const origin& o, std::string_view w
     return std::string(text);
 }
 
+// "" (none) or HOST:PORT.
+std::string address_checked(std::string_view text, const origin& o) {
+    if (text.empty()) return {};
+    try {
+        (void)parse_listen_address(text);
+    } catch (const std::invalid_argument& e) {
+        fail(o, fmt::format("{}, got {}", e.what(), quoted(text)));
+    }
+    return std::string(text);
+}
+
 // A setting's value from an environment variable or a flag.
 value from_text(const settings::rule& r, std::string_view text, const origin& o) {
     switch (r.k) {
@@ -241,6 +253,7 @@ value from_text(const settings::rule& r, std::string_view text, const origin& o)
         case kind::schema: return schema_checked(text, o);
         case kind::dsn: return non_empty(text, o, "a database URL");
         case kind::file_name: return std::optional<std::string>(non_empty(text, o, "a file name"));
+        case kind::listen_address: return address_checked(text, o);
         case kind::statuses: return statuses_from_text(text, o);
         case kind::secrets: return secrets_from_text(text, o);
         case kind::headers: break;
@@ -485,6 +498,11 @@ value from_file(const settings::rule& r, const file_reader& f, const entry& e) {
         }
         case kind::dsn: return string_of(e);
         case kind::file_name: return std::optional<std::string>(string_of(e));
+        case kind::listen_address: {
+            const auto* s = e.node->as_string();
+            if (s == nullptr) fail(e.from, fmt::format("expected a string, got {}", got(*e.node)));
+            return address_checked(s->get(), e.from);
+        }
         case kind::statuses: return statuses_of(f, e);
         case kind::secrets: return secrets_of(f, e);
         case kind::headers: return headers_of(f, e);

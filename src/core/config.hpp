@@ -103,6 +103,12 @@ struct config {
     // Dead letters that died longer ago than this are deleted (the relay
     // purges them at every sweep, in small batches). 0 keeps them forever.
     std::chrono::milliseconds dead_letter_retention{30 * 24 * 3'600'000LL};
+    // The info line with the relay's figures (delivered/s, failures,
+    // backlog, ...) comes this often; 0: never.
+    std::chrono::milliseconds summary_interval{60'000};
+    // The admin HTTP listener (/metrics, /healthz, /readyz), "HOST:PORT";
+    // empty: none.
+    std::string admin_listen;
     bool block_private_addresses = false; // egress (SSRF) guard
     std::vector<destination_config> destinations;
     std::vector<route_config> routes;

@@ -29,7 +29,8 @@ void render_rows(std::string& out, std::span<const settings::row<Owner>> rows, c
             }
         }
         const auto v = r.at.get(values);
-        if (r.value.k == settings::kind::file_name && !std::get<std::optional<std::string>>(v)) {
+        if ((r.value.k == settings::kind::file_name && !std::get<std::optional<std::string>>(v)) ||
+            (r.value.k == settings::kind::listen_address && std::get<std::string>(v).empty())) {
             out += fmt::format("# {}: not set, {}\n", name, r.default_words);
         } else {
             out += fmt::format("{} = {}\n", name, settings::toml_value(r.value.k, v));

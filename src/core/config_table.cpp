@@ -56,6 +56,9 @@ constexpr row<config> relay_table[] = {
     {"relay.dead_letter_retention", "OUTBOXD_DEAD_LETTER_RETENTION", "dead-letter-retention", duration(0ms),
      member<&c::dead_letter_retention>},
     {"relay.live_leases", "OUTBOXD_LIVE_LEASES", "live-leases", boolean(), member<&c::live_leases>},
+    {"relay.summary_interval", "OUTBOXD_SUMMARY_INTERVAL", "summary-interval", duration(0ms),
+     member<&c::summary_interval>},
+    {"admin.listen", "OUTBOXD_ADMIN_LISTEN", "admin-listen", address(), member<&c::admin_listen>, run, {}, "(off)"},
     {"egress.block_private_addresses", "OUTBOXD_BLOCK_PRIVATE_ADDRESSES", "block-private-addresses", boolean(),
      member<&c::block_private_addresses>},
 };
@@ -121,7 +124,8 @@ std::string toml_value(kind k, const value& v) {
         case kind::integer: return fmt::format("{}", std::get<std::int64_t>(v));
         case kind::boolean: return std::get<bool>(v) ? "true" : "false";
         case kind::one_of:
-        case kind::schema: return toml_quoted(std::get<std::string>(v));
+        case kind::schema:
+        case kind::listen_address: return toml_quoted(std::get<std::string>(v));
         case kind::dsn: return toml_quoted(redact_dsn(std::get<std::string>(v)));
         case kind::file_name: return toml_quoted(std::get<std::optional<std::string>>(v).value_or(""));
         case kind::statuses:

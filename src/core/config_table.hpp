@@ -39,6 +39,7 @@ enum class kind {
     statuses,   // HTTP statuses, not 2xx: [410, 422] in the file, "410,422" as text
     secrets,    // signing secrets; rendered as "<redacted>"; a repeated flag adds up
     headers,    // static headers, file only, merged per name; values rendered as "<redacted>"
+    listen_address,  // "HOST:PORT" (core/listen_address.hpp), or "" for none
 };
 
 struct rule {
@@ -63,6 +64,7 @@ constexpr rule file_name() { return {kind::file_name}; }
 constexpr rule statuses() { return {kind::statuses}; }
 constexpr rule secrets() { return {kind::secrets}; }
 constexpr rule headers() { return {kind::headers}; }
+constexpr rule address() { return {kind::listen_address}; }
 
 // A value of any kind, on its way between text and a member.
 using value = std::variant<milliseconds, std::int64_t, bool, std::string, std::optional<std::string>,

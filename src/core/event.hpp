@@ -1,6 +1,7 @@
 #pragma once
 // One claimed outbox event, as the relay holds it between claim and outcome.
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -35,6 +36,10 @@ struct event {
     // are not UTF-8, which a SQL_ASCII database stores): the reason. Such an
     // event can never be sent; the relay moves it to dead letters.
     std::optional<std::string> undecodable;
+    // How long before the claim's statement began the event was written
+    // (now() - created_at, both read by the database: no clock skew between
+    // hosts); unset when the claim did not say.
+    std::optional<std::chrono::microseconds> age_at_claim;
 };
 
 }  // namespace outboxd

@@ -18,6 +18,15 @@ namespace {
 
 std::string str(std::int64_t n) { return fmt::format("{}", n); }
 
+delivery_result result_of(delivery_outcome::kind k) {
+    switch (k) {
+        case delivery_outcome::kind::delivered: return delivery_result::delivered;
+        case delivery_outcome::kind::retry: return delivery_result::retry;
+        case delivery_outcome::kind::dead: return delivery_result::dead;
+    }
+    return delivery_result::retry;
+}
+
 }  // namespace
 
 relay_engine::relay_engine(const config& cfg, const clock_source& clock, std::uint64_t seed)
@@ -46,9 +55,12 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             break;
         case relay_timer::next_due:
             next_due_armed_ = false;
+            if (metrics_ != nullptr) metrics_->woken(wake_source::timer);
             wake();
             break;
         case relay_timer::claim_retry:
+            claim_backing_off_ = false;
+            if (metrics_ != nullptr) metrics_->woken(wake_source::timer);
             wake();
             break;
         case relay_timer::flush_retry:
@@ -56,13 +68,26 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             flush_outcomes();
             break;
         case relay_timer::circuit_probe:
-            wake();  // a claim that includes the destinations that may probe now
+            // Something must be due there to probe with, though all it owes
+            // may wait out a backoff: the delivery due soonest is made due
+            // now. Then a claim that includes the destinations that may probe.
+            for (std::size_t i = 0; i < circuits_.size(); ++i) {
+                if (circuits_[i].state(clock_.steady()) == circuit_state::probing &&
+                    circuits_[i].allows_request(clock_.steady())) {
+                    emit(release_deliveries_command{cfg_.destinations[i].name, true});
+                }
+            }
+            if (metrics_ != nullptr) metrics_->woken(wake_source::timer);
+            wake();
             arm_probe();
             break;
         case relay_timer::takeover:
             if (dispatch_.stopping()) break;
             emit(housekeeping_command{housekeeping_job::dead_relays});
             arm(relay_timer::takeover, clock_.steady() + takeover_interval);
+            break;
+        case relay_timer::slow_requests:
+            give_up_slots_of_slow_requests();
             break;
         case relay_timer::shutdown:
             log::warn("shutdown timeout: releasing deliveries still in flight",
@@ -74,8 +99,12 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
 
 // ---- claiming ----------------------------------------------------------------
 
-void relay_engine::start(std::string message_prefix) {
+void relay_engine::start(std::string message_prefix, run_mode mode) {
     message_prefix_ = std::move(message_prefix);
+    mode_ = mode;
+    // Nothing recorded yet, marks empty, deliveries included: the first
+    // claim is as good as a confirming one.
+    confirming_ = mode_ == run_mode::once;
     arm(relay_timer::sweep, clock_.steady() + cfg_.sweep_interval);
     wake();
     if (cfg_.live_leases) {
@@ -87,6 +116,9 @@ void relay_engine::start(std::string message_prefix) {
 
 void relay_engine::relays_taken_over(std::size_t leases) {
     if (leases == 0 || dispatch_.stopping()) return;
+    // A claim running now may predate them: it cannot confirm a drain.
+    confirming_ = false;
+    confirmed_empty_ = false;
     // Handed back due now, events and deliveries alike; a key they held may
     // have later events waiting behind the marks: claim from the beginning.
     deliveries_due_ = true;
@@ -119,10 +151,12 @@ void relay_engine::start_claim(std::size_t n) {
 
 void relay_engine::claimed(claim_outcome result) {
     claim_backoff_.reset();
+    confirmed_empty_ = std::exchange(confirming_, false) && result.events.empty();
     deliveries_due_ = result.deliveries_due;
     drain_watermark_ = std::move(result.drain_watermark);
     low_mark_ = std::move(result.low_mark);
     apply_resets_after_claim();
+    if (metrics_ != nullptr) metrics_->claimed(result.events.size());
     if (finishing_) return;  // a timed-out shutdown: the release covers these
     auto& events = result.events;
     if (!events.empty() && log::enabled(log::level::debug)) {
@@ -161,7 +195,10 @@ void relay_engine::claimed(claim_outcome result) {
 
 void relay_engine::claim_failed(const std::string& why) {
     (void)dispatch_.on_claim_failed();
+    confirming_ = false;
+    claim_backing_off_ = true;
     apply_resets_after_claim();
+    if (metrics_ != nullptr) metrics_->claim_failed(why);
     const auto delay = claim_backoff_.next();
     log::warn("claim failed; retrying", {{"error", why}, {"retry_in", format_duration(delay)}});
     maybe_finish();
@@ -237,6 +274,7 @@ void relay_engine::sweep() {
     // What committed late behind the low mark: this claim starts from the
     // beginning of the index.
     reset_claim_marks(false);
+    if (metrics_ != nullptr) metrics_->woken(wake_source::sweep);
     wake();
     if (cfg_.idempotency_retention.count() > 0) emit(housekeeping_command{housekeeping_job::idempotency_keys});
     emit(housekeeping_command{housekeeping_job::key_holds});
@@ -253,14 +291,49 @@ void relay_engine::dead_letters_purged(bool more) {
 
 // ---- delivering --------------------------------------------------------------
 
-void relay_engine::finished() {
-    --sending_;
+void relay_engine::finished(bool slot_given_up) {
+    if (slot_given_up) {
+        --slow_in_flight_;
+    } else {
+        --sending_;
+    }
     delivery_rate_.record(clock_.steady());
     flush_outcomes();
     pump();
     fit_capacity();
-    start_claim(dispatch_.on_delivery_finished());
+    if (!slot_given_up) start_claim(dispatch_.on_delivery_finished());
     maybe_finish();
+}
+
+void relay_engine::watch_slow(std::uint64_t send_id) {
+    slow_watch_.emplace_back(clock_.steady() + slow_request_after, send_id);
+    if (!slow_timer_armed_) {
+        slow_timer_armed_ = true;
+        arm(relay_timer::slow_requests, slow_watch_.front().first);
+    }
+}
+
+void relay_engine::give_up_slots_of_slow_requests() {
+    slow_timer_armed_ = false;
+    const auto now = clock_.steady();
+    while (!slow_watch_.empty() && slow_watch_.front().first <= now) {
+        const auto id = slow_watch_.front().second;
+        slow_watch_.pop_front();
+        const auto it = sends_.find(id);
+        if (it == sends_.end()) continue;  // answered in time
+        auto& w = it->second;
+        bool& given_up = w.direct ? w.direct->slot_given_up : w.owed->slot_given_up;
+        if (given_up) continue;
+        given_up = true;
+        --sending_;
+        ++slow_in_flight_;
+        pump();
+        start_claim(dispatch_.on_delivery_finished());
+    }
+    if (!slow_watch_.empty()) {
+        slow_timer_armed_ = true;
+        arm(relay_timer::slow_requests, slow_watch_.front().first);
+    }
 }
 
 void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end) {
@@ -272,7 +345,9 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         if (built.error) {
             // Nothing about this event can change: dead-letter it there now.
             log::error("delivery cannot be sent; moving to dead letters",
-                       {{"event_id", str(e->id)}, {"destination", *e->destination}, {"error", *built.error}});
+                       {{"event_id", str(e->id)}, {"topic", e->topic}, {"destination", *e->destination},
+                        {"attempt", str(e->attempt)}, {"error", *built.error}});
+            report(*e->destination, delivery_result::dead, e->attempt, *e, lease_end);
             record_owed({e->id, *e->destination, e->attempt}, e->ordering_key.has_value(),
                         {0, {delivery_outcome::kind::dead, {}, *built.error}, std::nullopt, {}});
             finished();
@@ -322,7 +397,7 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         finished();
         return;
     }
-    auto state = std::make_shared<event_in_flight>(event_in_flight{ref, keyed, 0, {}, {}});
+    auto state = std::make_shared<event_in_flight>(event_in_flight{ref, keyed, 0, {}, {}, false, e, lease_end});
     // A destination that cannot take a request now (its connections are all
     // busy, or its circuit is open) does not get to hold this event's
     // delivery slot: the event is handed to its own delivery row there, due
@@ -389,6 +464,7 @@ void relay_engine::send(std::size_t i, std::shared_ptr<const event> e, header_li
     const auto deadline = lease_end - std::min(cfg_.lease / 10, milliseconds(1000));
     const auto id = next_send_id_++;
     sends_.emplace(id, std::move(waiter));
+    watch_slow(id);
     emit(send_command{id, i, std::move(e), std::move(headers), deadline});
 }
 
@@ -439,7 +515,8 @@ void relay_engine::judge_health(std::size_t i, const send_result& r) {
     if (closed) {
         log::info("destination recovered; circuit closed, its waiting deliveries are due now",
                   {{"destination", name}});
-        emit(release_deliveries_command{name});
+        emit(circuit_changed_command{name, circuit_state::closed, 0});
+        emit(release_deliveries_command{name, false});
         return;
     }
     if (const auto at = circuit.probe_at(); at && (before == circuit_state::closed || *at > now)) {
@@ -448,6 +525,7 @@ void relay_engine::judge_health(std::size_t i, const send_result& r) {
                       {{"destination", name},
                        {"failures", str(static_cast<std::int64_t>(circuit.consecutive_failures()))},
                        {"probe_in", format_duration(std::chrono::duration_cast<milliseconds>(*at - now))}});
+            emit(circuit_changed_command{name, circuit_state::open, circuit.consecutive_failures()});
         }
         arm_probe();
     }
@@ -466,6 +544,7 @@ void relay_engine::arm_probe() {
 
 // Back to the outbox unsent, due after `delay`, the claim's attempt taken back.
 void relay_engine::hand_back(const event& e, milliseconds delay) {
+    report(e.destination.value_or(""), delivery_result::handed_back, 0, e, {});
     if (e.destination) {
         pending_.deliveries_handed_back.push_back({{e.id, *e.destination, e.attempt}, delay, {}});
     } else {
@@ -513,32 +592,48 @@ relay_engine::destination_result relay_engine::judge(std::size_t i, std::int32_t
             r.transport_error ? std::nullopt : std::optional<int>(static_cast<int>(r.status)), r.body_excerpt};
 }
 
-void relay_engine::log_result(std::int64_t id, const destination_result& res, std::int32_t attempt,
+void relay_engine::log_result(const event& e, const destination_result& res, std::int32_t attempt,
                               std::chrono::microseconds elapsed) const {
     // Per event: build the fields only when the line is written.
     if (res.outcome.what == delivery_outcome::kind::delivered && !log::enabled(log::level::debug)) return;
     const auto& name = cfg_.destinations[res.destination].name;
+    const auto status = res.status ? str(*res.status) : std::string("none");
     switch (res.outcome.what) {
         case delivery_outcome::kind::delivered:
-            log::debug("delivered", {{"event_id", str(id)}, {"destination", name}, {"us", str(elapsed.count())}});
+            log::debug("delivered", {{"event_id", str(e.id)}, {"topic", e.topic}, {"destination", name},
+                                     {"attempt", str(attempt)}, {"status", status}, {"us", str(elapsed.count())}});
             break;
         case delivery_outcome::kind::retry:
             log::warn("delivery failed; will retry",
-                      {{"event_id", str(id)}, {"destination", name}, {"attempt", str(attempt)},
-                       {"retry_in", format_duration(res.outcome.retry_in)}, {"error", res.outcome.error}});
+                      {{"event_id", str(e.id)}, {"topic", e.topic}, {"destination", name}, {"attempt", str(attempt)},
+                       {"status", status}, {"retry_in", format_duration(res.outcome.retry_in)},
+                       {"error", res.outcome.error}});
             break;
         case delivery_outcome::kind::dead:
             log::error("delivery failed for good; moving to dead letters",
-                       {{"event_id", str(id)}, {"destination", name}, {"attempt", str(attempt)},
-                        {"error", res.outcome.error}});
+                       {{"event_id", str(e.id)}, {"topic", e.topic}, {"destination", name}, {"attempt", str(attempt)},
+                        {"status", status}, {"error", res.outcome.error}});
             break;
     }
+}
+
+void relay_engine::report(std::string_view destination, delivery_result r, std::int32_t attempt, const event& e,
+                          steady_time lease_end) {
+    if (metrics_ == nullptr) return;
+    std::optional<std::chrono::microseconds> since_commit;
+    if (r == delivery_result::delivered && e.age_at_claim) {
+        // The claim's statement began at about lease_end - lease.
+        since_commit = *e.age_at_claim + std::chrono::duration_cast<std::chrono::microseconds>(
+                                             clock_.steady() - (lease_end - cfg_.lease));
+    }
+    metrics_->delivery(destination, r, attempt, since_commit);
 }
 
 // One destination answered for an event sent straight from `events`.
 void relay_engine::on_event_result(event_in_flight& state, std::size_t i, const send_result& r) {
     auto res = judge(i, state.ref.attempt, r);
-    log_result(state.ref.id, res, state.ref.attempt, r.elapsed);
+    log_result(*state.e, res, state.ref.attempt, r.elapsed);
+    report(cfg_.destinations[i].name, result_of(res.outcome.what), state.ref.attempt, *state.e, state.lease_end);
     if (res.outcome.what != delivery_outcome::kind::delivered) state.failures.push_back(std::move(res));
     if (--state.waiting > 0) return;
     settle(state);
@@ -547,9 +642,10 @@ void relay_engine::on_event_result(event_in_flight& state, std::size_t i, const 
 // One destination answered for a fanned-out delivery.
 void relay_engine::on_owed_result(const owed_item& item, std::size_t i, const send_result& r) {
     auto res = judge(i, item.ref.attempt, r);
-    log_result(item.ref.id, res, item.ref.attempt, r.elapsed);
+    log_result(*item.e, res, item.ref.attempt, r.elapsed);
+    report(cfg_.destinations[i].name, result_of(res.outcome.what), item.ref.attempt, *item.e, item.lease_end);
     record_owed(item.ref, item.keyed, res);
-    finished();
+    finished(item.slot_given_up);
 }
 
 // Every destination of a directly sent event has answered (or was deferred).
@@ -571,12 +667,13 @@ void relay_engine::settle(const event_in_flight& state) {
         for (const auto i : state.deferred) {
             // Not attempted there: the attempt count stays where it was.
             item.owed.push_back({cfg_.destinations[i].name, milliseconds(0), state.ref.attempt - 1, {}});
+            report(cfg_.destinations[i].name, delivery_result::handed_back, 0, *state.e, state.lease_end);
         }
         for (const auto& o : item.owed) retry_after_flush(o.due_in);
         pending_.fan_outs.push_back(std::move(item));
     }
     pending_.unblocks_key = pending_.unblocks_key || state.keyed;
-    finished();
+    finished(state.slot_given_up);
 }
 
 void relay_engine::record_owed(const delivery_ref& ref, bool keyed, const destination_result& res) {
@@ -615,7 +712,8 @@ std::vector<std::size_t> relay_engine::named_destinations(const std::vector<std:
 // reason; the rest of its key goes on.
 void relay_engine::bury_unsendable(const event& e, const std::string& why) {
     log::error("event cannot be sent; moving to dead letters",
-               {{"event_id", str(e.id)}, {"topic", e.topic}, {"error", why}});
+               {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}, {"error", why}});
+    report("", delivery_result::dead, e.attempt, e, {});
     pending_.dead.push_back({lease_ref{e.id, e.attempt}, why, std::nullopt, {}});
     pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
     finished();
@@ -640,6 +738,7 @@ void relay_engine::unroutable(const event& e) {
     log::warn("no route for event; it stays in the outbox",
               {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}});
     const lease_ref ref{e.id, e.attempt};
+    report("", result_of(outcome.what), e.attempt, e, {});
     if (outcome.what == delivery_outcome::kind::dead) {
         pending_.dead.push_back({ref, outcome.error, std::nullopt, {}});
     } else {
@@ -705,6 +804,18 @@ void relay_engine::signalled(int signal_number) {
     log::info("shutting down: no new claims, finishing in-flight deliveries",
               {{"signal", str(signal_number)}, {"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))},
                {"timeout", format_duration(cfg_.shutdown_timeout)}});
+    stop_claiming(false);
+}
+
+void relay_engine::reload_requested() {
+    if (dispatch_.stopping()) return;
+    log::info("reloading: no new claims until in-flight deliveries finish under the old configuration",
+              {{"in_flight", str(static_cast<std::int64_t>(dispatch_.in_flight()))},
+               {"timeout", format_duration(cfg_.shutdown_timeout)}});
+    stop_claiming(true);
+}
+
+void relay_engine::stop_claiming(bool keep_listening) {
     dispatch_.on_stop();
     // Not started yet: handed back unsent, due now, their attempts not counted.
     for (; !ready_.empty(); ready_.pop_front()) {
@@ -712,7 +823,7 @@ void relay_engine::signalled(int signal_number) {
         (void)dispatch_.on_delivery_finished();
     }
     flush_outcomes();
-    emit(stop_listening_command{});
+    if (!keep_listening) emit(stop_listening_command{});
     cancel(relay_timer::sweep);
     cancel(relay_timer::next_due);
     cancel(relay_timer::claim_retry);
@@ -721,8 +832,28 @@ void relay_engine::signalled(int signal_number) {
     maybe_finish();
 }
 
+// --once: see the header comment.
+void relay_engine::check_drained() {
+    if (mode_ != run_mode::once || dispatch_.stopping() || dispatch_.claiming() || dispatch_.in_flight() > 0 ||
+        slow_in_flight_ > 0 || !ready_.empty() || writing_ || !pending_.empty() || claim_backing_off_) {
+        return;
+    }
+    if (confirmed_empty_) {
+        log::info("run --once: nothing left that is due; stopping");
+        stop_claiming(false);
+        return;
+    }
+    // What a drain watermark or low mark skipped, or deliveries the last
+    // claim did not look for, are found by a claim from the beginning.
+    reset_claim_marks(true);
+    deliveries_due_ = true;
+    confirming_ = true;
+    start_claim(dispatch_.on_wake());
+}
+
 void relay_engine::maybe_finish() {
-    if (dispatch_.drained() && !writing_ && pending_.empty()) finish();
+    check_drained();
+    if (dispatch_.drained() && slow_in_flight_ == 0 && !writing_ && pending_.empty()) finish();
 }
 
 // Writes what is left, hands back every lease we still hold (due now, so the

@@ -21,6 +21,10 @@
 //                  the request still fits in the lease
 //          ─> settled: its outcome joins the pending batch, and the slot
 //             is free (finished())
+//   A request not answered within slow_request_after gives up its item's
+//   delivery slot at once: a slow or stalled destination then holds only
+//   its own connections (max_concurrency), never the slots other
+//   destinations' events need. The item still finishes, later, as usual.
 //   An item that cannot be sent after all (its lease would end before an
 //   attempt could, its destination's circuit opened, shutdown began) is
 //   handed back: due again, its claim's attempt taken back, since attempts
@@ -55,7 +59,19 @@
 // unsent, lets what is being sent finish, writes what
 // is pending, then finishes (release every lease we hold, stop). The
 // shutdown timeout finishes without waiting further; a second signal exits
-// at once.
+// at once. A reload (SIGHUP) stops the same way but keeps listening: the
+// shell then starts a new engine with the new configuration.
+//
+// Once (`run --once`): the relay stops by itself as on a signal once it is
+// drained: nothing claimed, being sent or waiting to be written, and a claim
+// that began after the last outcome was recorded, from the start of the
+// index and with deliveries, found nothing due. Work due later (a retry's
+// backoff, a delayed event, a destination whose circuit is open) is left for
+// the next run; a retry that falls due while the run is still busy is sent.
+//
+// Circuits are published: each change of a destination's circuit (opened,
+// closed) is a circuit_changed command, so operators see it (`outboxd
+// status`).
 
 #include <array>
 #include <chrono>
@@ -80,14 +96,18 @@
 #include "core/event.hpp"
 #include "core/outcome_batch.hpp"
 #include "core/rate_meter.hpp"
+#include "core/relay_metrics.hpp"
 #include "core/routing.hpp"
 
 namespace outboxd {
 
 using steady_time = std::chrono::steady_clock::time_point;
 
-enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe, takeover };
-inline constexpr std::size_t relay_timer_count = 7;
+// A request slower than this gives up its delivery slot (see relay_engine).
+inline constexpr std::chrono::milliseconds slow_request_after{250};
+
+enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe, takeover, slow_requests };
+inline constexpr std::size_t relay_timer_count = 8;
 
 // What a destination made of one request (the sink's report, I/O-free).
 struct send_result {
@@ -136,10 +156,12 @@ enum class housekeeping_job { idempotency_keys, key_holds, orphan_deliveries, de
 struct housekeeping_command {
     housekeeping_job job = housekeeping_job::key_holds;
 };
-// A destination's circuit closed: make its waiting deliveries due now (on
-// the outcome connection), then wake().
+// Make a destination's waiting deliveries due now (its circuit closed), or
+// only the one due soonest (its circuit may probe: that one is the probe),
+// on the outcome connection; then wake().
 struct release_deliveries_command {
     std::string destination;
+    bool just_one = false;
 };
 // Shutdown began: stop the wake-up sources (LISTEN).
 struct stop_listening_command {};
@@ -150,10 +172,20 @@ struct finish_command {
 };
 // Exit the process now, without waiting for anything (second signal).
 struct exit_now_command {};
+// A destination's circuit opened or closed: publish it (the relays row).
+struct circuit_changed_command {
+    std::string destination;
+    circuit_state state = circuit_state::closed;
+    std::size_t failures = 0;  // consecutive failures when it opened
+};
 
 using relay_command = std::variant<claim_command, send_command, write_outcomes_command, arm_timer_command,
                                    cancel_timer_command, housekeeping_command, release_deliveries_command,
-                                   stop_listening_command, finish_command, exit_now_command>;
+                                   stop_listening_command, finish_command, exit_now_command,
+                                   circuit_changed_command>;
+
+// serve: until a signal. once: until drained (see the header comment).
+enum class run_mode { serve, once };
 
 class relay_engine {
 public:
@@ -163,7 +195,7 @@ public:
     // ---- inputs ----
     // LISTEN is active: drain what committed before it, start the sweep.
     // message_prefix: what this outbox's webhook-ids start with.
-    void start(std::string message_prefix);
+    void start(std::string message_prefix, run_mode mode = run_mode::serve);
     // Something may be due: a notification, a reconnect.
     void wake();
     // As wake(), with a claim from the beginning of the outbox: a transaction
@@ -176,6 +208,9 @@ public:
     void outcomes_failed(const std::string& why);
     void timer_fired(relay_timer timer, std::uint64_t generation);
     void signalled(int signal_number);
+    // SIGHUP: stop claiming and finish what is claimed, as on a signal, but
+    // keep listening; finish_command then means "ready for the new engine".
+    void reload_requested();
     // A dead-letter purge came back with a full batch: more may be past retention.
     void dead_letters_purged(bool more);
     // A takeover handed back `leases` of dead relays, due now.
@@ -184,6 +219,10 @@ public:
     // How often a relay with live leases looks for dead relays: a killed
     // relay's work waits about this long, not for its lease to expire.
     static constexpr std::chrono::milliseconds takeover_interval{1'000};
+
+    // Reports deliveries, claims and wake-ups to `m` from now on (nullptr:
+    // to nobody). `m` must outlive the engine or be replaced first.
+    void observe(relay_metrics* m) noexcept { metrics_ = m; }
 
     // What to do now, in order; each input adds to it.
     [[nodiscard]] std::vector<relay_command> take_commands();
@@ -201,6 +240,7 @@ public:
         return circuits_.at(destination).state(clock_.steady());
     }
     [[nodiscard]] bool stopping() const noexcept { return dispatch_.stopping(); }
+    [[nodiscard]] bool finished_running() const noexcept { return finishing_; }
 
 private:
     struct ready_item {
@@ -224,6 +264,10 @@ private:
         // No free connection there: not attempted, handed to its own
         // delivery row to wait for one.
         std::vector<std::size_t> deferred;
+        // A request of it was slow: it gave up its delivery slot.
+        bool slot_given_up = false;
+        std::shared_ptr<const event> e;  // for logs and metrics
+        steady_time lease_end{};
     };
     // One destination's delivery of a fanned-out event (headers: only while
     // it waits in its lane).
@@ -234,6 +278,7 @@ private:
         header_list headers;
         std::int64_t unix_now = 0;
         steady_time lease_end;
+        bool slot_given_up = false;  // its request was slow
     };
     // Whom a send's answer is for.
     struct send_waiter {
@@ -280,8 +325,11 @@ private:
     void hand_back_to_circuit(const event& e, std::size_t destination);
     void start_waiting(std::size_t destination, owed_item item);
     [[nodiscard]] destination_result judge(std::size_t destination, std::int32_t attempt, const send_result& r);
-    void log_result(std::int64_t id, const destination_result& res, std::int32_t attempt,
+    void log_result(const event& e, const destination_result& res, std::int32_t attempt,
                     std::chrono::microseconds elapsed) const;
+    // To the metrics observer, if any.
+    void report(std::string_view destination, delivery_result r, std::int32_t attempt, const event& e,
+                steady_time lease_end);
     void on_event_result(event_in_flight& state, std::size_t destination, const send_result& r);
     void on_owed_result(const owed_item& item, std::size_t destination, const send_result& r);
     void settle(const event_in_flight& state);
@@ -290,13 +338,20 @@ private:
     void unroutable(const event& e);
     void retry_after_flush(std::chrono::milliseconds in);
     [[nodiscard]] std::vector<std::size_t> named_destinations(const std::vector<std::string>& names) const;
-    // Every claimed item ends in exactly one call: its slot is free.
-    void finished();
+    // Every claimed item ends in exactly one call: its slot is free (unless
+    // it gave it up already, slot_given_up).
+    void finished(bool slot_given_up = false);
+    // A request not answered within slow_request_after gives up its item's
+    // delivery slot (see the header comment).
+    void watch_slow(std::uint64_t send_id);
+    void give_up_slots_of_slow_requests();
 
     // recording outcomes
     void flush_outcomes();
 
     // shutdown
+    void stop_claiming(bool keep_listening);
+    void check_drained();
     void maybe_finish();
     void finish();
 
@@ -337,6 +392,13 @@ private:
     std::vector<circuit_breaker> circuits_;  // one per destination, same index
     std::unordered_map<std::uint64_t, send_waiter> sends_;
     std::uint64_t next_send_id_ = 1;
+    // Requests in send order with the time they count as slow.
+    std::deque<std::pair<steady_time, std::uint64_t>> slow_watch_;
+    bool slow_timer_armed_ = false;
+    // Items whose slot was given up and that have not finished yet: shutdown
+    // waits for them like for the others.
+    std::size_t slow_in_flight_ = 0;
+    relay_metrics* metrics_ = nullptr;
 
     // ---- recording outcomes ----
     outcome_batch pending_;
@@ -351,6 +413,12 @@ private:
 
     // ---- shutdown ----
     bool finishing_ = false;
+    run_mode mode_ = run_mode::serve;
+    // --once: the running claim confirms the drain (began idle, from the
+    // start of the index); it came back empty.
+    bool confirming_ = false;
+    bool confirmed_empty_ = false;
+    bool claim_backing_off_ = false;  // a claim failed: none before claim_retry
 };
 
 }  // namespace outboxd

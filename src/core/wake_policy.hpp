@@ -1,6 +1,6 @@
 #pragma once
 // When the relay claims without being told to, and what it tells producers
-// (README "Wake-up modes", sql/0007). No I/O, time only as inputs: the shell
+// (README "Wake-up modes", sql/0008). No I/O, time only as inputs: the shell
 // (src/app/relay.cpp) feeds it what happened and does what it answers; every
 // claim it asks for goes through the engine's wake().
 //

@@ -138,13 +138,16 @@ claimed AS (
     WHERE e.id = ANY (ARRAY(SELECT id FROM due WHERE ordering_key IS NULL
                             UNION ALL SELECT event_id FROM held))
     RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
-              array_to_string(e.destinations, ',') AS destinations
+              array_to_string(e.destinations, ',') AS destinations, e.created_at
 )
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
            SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = c.ordering_key) AS key_pending,
        NULL::bigint AS next_due_ms, NULL::boolean AS deliveries_due, NULL::text AS watermark_at,
-       NULL::bigint AS watermark_id, c.destinations, NULL::text AS low_mark, NULL::bigint AS picked
+       NULL::bigint AS watermark_id, c.destinations, NULL::text AS low_mark, NULL::bigint AS picked,
+       -- how long ago the event was written, by the database's clock (the
+       -- commit-to-delivery latency of /metrics)
+       (extract(epoch FROM now() - c.created_at) * 1000000)::bigint AS age_us
 FROM claimed c
 UNION ALL
 -- One more row (id NULL), which fills the columns from next_due_ms on:
@@ -174,7 +177,8 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- rows the claim picked, leased or not (a key held by another claim):
        -- "came back full" is judged on these, or a hold conflict would end
        -- a drain and move the low mark past rows still waiting
-       (SELECT count(*) FROM due)
+       (SELECT count(*) FROM due),
+       NULL
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 
@@ -241,7 +245,8 @@ claimed AS (
       AND (d.event_id, d.destination) IN (SELECT event_id, destination FROM taken)
     RETURNING d.event_id, d.destination, d.attempts
 )
-SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attempts, c.destination
+SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attempts, c.destination,
+       (extract(epoch FROM now() - e.created_at) * 1000000)::bigint AS age_us
 FROM claimed c JOIN :"schema".events e ON e.id = c.event_id;
 
 -- name: complete
@@ -495,7 +500,7 @@ SELECT 'msg_' || left(replace(id::text, '-', ''), 16) || '_' AS prefix FROM :"sc
 
 -- name: declare_wake
 -- params: owner, idle, valid_ms
--- The relay says whether it is idle (sql/0007): producers notify only while
+-- The relay says whether it is idle (sql/0008): producers notify only while
 -- some relay is. valid_ms: the row counts until then; the relay refreshes it
 -- at every sweep.
 INSERT INTO :"schema".relay_wake (owner, idle, until)
@@ -688,10 +693,12 @@ WHERE died_at < now() - $1 * interval '1 millisecond'
   AND ($2::text IS NULL OR topic ~ $2);
 
 -- name: status
--- Per topic, for `outboxd status`: the work in the outbox, each piece in
--- exactly one state, and the dead letters. A piece of work is an event that
--- is not fanned out, or one destination's delivery of a fanned-out event
--- (the parked event row itself is not counted). States, first match wins:
+-- Per topic and destination, for `outboxd status`: the work in the outbox,
+-- each piece in exactly one state, and the dead letters. A piece of work is
+-- an event that is not fanned out (destination NULL: owed to every
+-- destination its topic routes to), or one destination's delivery of a
+-- fanned-out event (the parked event row itself is not counted). States,
+-- first match wins:
 --   in_flight       leased by a relay (lease not expired)
 --   retrying        attempted before, waiting for its next attempt
 --   scheduled       never attempted, not due yet (a delayed event)
@@ -700,63 +707,99 @@ WHERE died_at < now() - $1 * interval '1 millisecond'
 --   pending         never attempted and due now
 -- oldest_pending_seconds: how long the oldest work that is due now and not
 -- in flight has been due (since available_at, not since it was created).
--- last_error: the newest error of the topic's waiting work (a delivery's as
--- "destination: error"), e.g. that no route matches the topic.
-WITH work AS (
-    SELECT e.topic, e.id, e.ordering_key, NULL::text AS destination, e.attempts, e.available_at,
-           e.lease_owner IS NOT NULL AND e.available_at > now() AS in_flight, e.last_error
+-- last_error: the error of the group's newest waiting work that has one,
+-- e.g. that no route matches the topic.
+-- One pass over each table and hash joins: "an earlier event of its key"
+-- is a comparison with the key's first id, not a probe per row
+-- (bench/NOTES.md, "status at 1M").
+WITH key_head AS (
+    SELECT ordering_key, min(id) AS head
+    FROM :"schema".events
+    WHERE ordering_key IS NOT NULL AND NOT fanned_out
+    GROUP BY ordering_key
+), keys_with_deliveries AS (
+    SELECT DISTINCT ordering_key FROM :"schema".deliveries WHERE ordering_key IS NOT NULL
+), delivery_head AS (
+    SELECT ordering_key, destination, min(event_id) AS head
+    FROM :"schema".deliveries
+    WHERE ordering_key IS NOT NULL
+    GROUP BY ordering_key, destination
+), work AS (
+    SELECT e.topic, NULL::text AS destination, e.id, e.attempts, e.available_at,
+           e.lease_owner IS NOT NULL AND e.available_at > now() AS in_flight,
+           e.ordering_key IS NOT NULL AND (e.id > kh.head OR kd.ordering_key IS NOT NULL) AS behind_key,
+           e.last_error IS NOT NULL AS has_error
     FROM :"schema".events e
+    LEFT JOIN key_head kh ON kh.ordering_key = e.ordering_key
+    LEFT JOIN keys_with_deliveries kd ON kd.ordering_key = e.ordering_key
     WHERE NOT e.fanned_out
     UNION ALL
-    SELECT e.topic, d.event_id, d.ordering_key, d.destination, d.attempts, d.available_at,
-           d.lease_owner IS NOT NULL AND d.available_at > now(), d.destination || ': ' || d.last_error
-    FROM :"schema".deliveries d JOIN :"schema".events e ON e.id = d.event_id
+    SELECT e.topic, d.destination, d.event_id, d.attempts, d.available_at,
+           d.lease_owner IS NOT NULL AND d.available_at > now(),
+           d.ordering_key IS NOT NULL AND d.event_id > dh.head,
+           d.last_error IS NOT NULL
+    FROM :"schema".deliveries d
+    JOIN :"schema".events e ON e.id = d.event_id
+    LEFT JOIN delivery_head dh ON dh.ordering_key = d.ordering_key AND dh.destination = d.destination
 ), classified AS (
-    SELECT w.*,
+    SELECT topic, destination, id, available_at, has_error,
            CASE
-               WHEN w.in_flight THEN 'in_flight'
-               WHEN w.attempts > 0 THEN 'retrying'
-               WHEN w.available_at > now() THEN 'scheduled'
-               WHEN w.ordering_key IS NOT NULL AND (
-                   EXISTS (SELECT 1 FROM :"schema".events earlier
-                           WHERE earlier.ordering_key = w.ordering_key AND earlier.id < w.id
-                             AND NOT earlier.fanned_out)
-                   OR (w.destination IS NULL AND EXISTS (
-                           SELECT 1 FROM :"schema".deliveries waiting WHERE waiting.ordering_key = w.ordering_key))
-                   OR (w.destination IS NOT NULL AND EXISTS (
-                           SELECT 1 FROM :"schema".deliveries earlier
-                           WHERE earlier.ordering_key = w.ordering_key AND earlier.destination = w.destination
-                             AND earlier.event_id < w.id)))
-                   THEN 'waiting_on_key'
+               WHEN in_flight THEN 'in_flight'
+               WHEN attempts > 0 THEN 'retrying'
+               WHEN available_at > now() THEN 'scheduled'
+               WHEN behind_key THEN 'waiting_on_key'
                ELSE 'pending'
            END AS state
-    FROM work w
+    FROM work
 ), live AS (
-    SELECT topic,
+    SELECT topic, destination,
            count(*) FILTER (WHERE state = 'pending') AS pending,
            count(*) FILTER (WHERE state = 'waiting_on_key') AS waiting_on_key,
            count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
            count(*) FILTER (WHERE state = 'in_flight') AS in_flight,
            count(*) FILTER (WHERE state = 'retrying') AS retrying,
            extract(epoch FROM now() - min(available_at) FILTER (
-               WHERE state <> 'in_flight' AND available_at <= now())) AS oldest_pending_seconds
-    FROM classified GROUP BY topic
-), errors AS (
-    SELECT DISTINCT ON (topic) topic, last_error
+               WHERE state <> 'in_flight' AND available_at <= now())) AS oldest_pending_seconds,
+           max(id) FILTER (WHERE has_error) AS error_id
     FROM classified
-    WHERE last_error IS NOT NULL
-    ORDER BY topic, id DESC
+    GROUP BY topic, destination
 ), dead AS (
-    SELECT topic, count(*) AS dead FROM :"schema".dead_letters GROUP BY topic
+    SELECT topic, destination, count(*) AS dead FROM :"schema".dead_letters GROUP BY topic, destination
 )
-SELECT coalesce(live.topic, dead.topic) AS topic,
+SELECT coalesce(live.topic, dead.topic) AS topic, coalesce(live.destination, dead.destination) AS destination,
        coalesce(pending, 0) AS pending, coalesce(waiting_on_key, 0) AS waiting_on_key,
        coalesce(scheduled, 0) AS scheduled, coalesce(in_flight, 0) AS in_flight,
        coalesce(retrying, 0) AS retrying, coalesce(dead, 0) AS dead,
-       coalesce(oldest_pending_seconds, 0)::float8 AS oldest_pending_seconds, errors.last_error
-FROM live FULL JOIN dead ON dead.topic = live.topic
-LEFT JOIN errors ON errors.topic = live.topic
-ORDER BY 1;
+       coalesce(oldest_pending_seconds, 0)::float8 AS oldest_pending_seconds,
+       CASE WHEN live.destination IS NULL
+            THEN (SELECT e.last_error FROM :"schema".events e WHERE e.id = live.error_id)
+            ELSE (SELECT d.last_error FROM :"schema".deliveries d
+                  WHERE d.event_id = live.error_id AND d.destination = live.destination)
+       END AS last_error
+FROM live FULL JOIN dead ON dead.topic = live.topic AND dead.destination IS NOT DISTINCT FROM live.destination
+ORDER BY 1, 2 NULLS FIRST;
+
+-- name: circuits
+-- Per destination, the circuits published by live relays (sql/0007): how
+-- many report it open, and how many live relays there are. A relay is live
+-- while its claiming session holds its advisory lock (sql/0006), which
+-- pg_locks shows as classid (high 32 bits) and objid (low 32 bits).
+WITH live AS (
+    SELECT r.lease_owner, r.circuits
+    FROM :"schema".relays r
+    WHERE EXISTS (SELECT 1 FROM pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND ((l.classid::bigint << 32) | l.objid::bigint) = r.lock_key)
+)
+SELECT c.key AS destination,
+       count(*) FILTER (WHERE c.value ->> 'state' = 'open') AS open,
+       (SELECT count(*) FROM live) AS relays
+FROM live CROSS JOIN LATERAL jsonb_each(live.circuits) AS c
+GROUP BY c.key
+UNION ALL
+SELECT NULL, 0, (SELECT count(*) FROM live)
+ORDER BY 1 NULLS FIRST;
 
 -- name: release_waiting_deliveries
 -- params: destination
@@ -766,6 +809,21 @@ ORDER BY 1;
 UPDATE :"schema".deliveries
 SET available_at = now()
 WHERE destination = $1 AND lease_owner IS NULL AND available_at > now();
+
+-- name: release_one_waiting_delivery
+-- params: destination
+-- A destination's circuit may probe, but everything it owes may be waiting
+-- out a backoff (a keyed stream waits behind its failed head): the delivery
+-- due soonest is made due now, to be the probe. Rows waiting behind their
+-- key are due already (available_at <= now()) and not touched: the one taken
+-- is a key's head or an unkeyed retry, so per-key order holds.
+UPDATE :"schema".deliveries
+SET available_at = now()
+WHERE (event_id, destination) = (
+    SELECT event_id, destination FROM :"schema".deliveries
+    WHERE destination = $1 AND lease_owner IS NULL AND available_at > now() AND available_at < 'infinity'
+    ORDER BY available_at, event_id
+    LIMIT 1);
 
 -- name: hand_back
 -- params: id, attempt, owner, delay_ms
@@ -827,6 +885,18 @@ SELECT $1, key FROM locked WHERE got
 ON CONFLICT (lease_owner) DO UPDATE SET lock_key = excluded.lock_key
 RETURNING lease_owner;
 
+-- name: publish_circuit
+-- params: owner, destination, state
+-- One of our circuits opened or closed (sql/0007): state is its JSON.
+UPDATE :"schema".relays
+SET circuits = circuits || jsonb_build_object($2::text, $3::jsonb)
+WHERE lease_owner = $1;
+
+-- name: reset_circuits
+-- params: owner
+-- A reload started a new engine: every circuit is closed again.
+UPDATE :"schema".relays SET circuits = '{}' WHERE lease_owner = $1;
+
 -- name: find_dead_relays
 -- params: owner
 -- The other relays whose claiming session is gone: their lock is free. Run
@@ -871,3 +941,19 @@ WITH forgotten AS (
 SELECT id FROM events_released
 UNION ALL
 SELECT event_id FROM deliveries_released;
+
+-- name: relay_stats
+-- params: cap
+-- For /metrics and the relay's periodic summary, every few seconds at most,
+-- on the outcome connection. Cheap on a table of millions: the work not yet
+-- delivered (events not fanned out, plus deliveries) is counted up to `cap`
+-- rows of each; how long the oldest due work has been due (available_at
+-- <= now(): not leased, or its lease expired; the first entry of the claim
+-- index) as `status` counts it; and the schema's migration version.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_out LIMIT $1) e)
+       + (SELECT count(*) FROM (SELECT 1 FROM :"schema".deliveries LIMIT $1) d) AS backlog,
+       coalesce(extract(epoch FROM now() - least(
+           (SELECT min(available_at) FROM :"schema".events WHERE available_at <= now()),
+           (SELECT min(available_at) FROM :"schema".deliveries WHERE available_at <= now()))), 0)::float8
+           AS oldest_pending_seconds,
+       (SELECT coalesce(max(version), 0) FROM :"schema".schema_migrations) AS schema_version;

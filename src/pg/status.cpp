@@ -7,14 +7,15 @@
 
 namespace outboxd::pg {
 
-std::vector<topic_status> outbox_status(pqxx::connection& conn, const std::string& schema) {
+std::vector<work_status> outbox_status(pqxx::connection& conn, const std::string& schema) {
     const query_book book(schema);
     pqxx::nontransaction tx(conn);
     using col = q::status::col;
-    std::vector<topic_status> out;
+    std::vector<work_status> out;
     for (const auto& row : exec<q::status>(tx, book)) {
-        topic_status t;
+        work_status t;
         t.topic = row[col::topic].c_str();
+        if (!row[col::destination].is_null()) t.destination = row[col::destination].c_str();
         t.pending = row[col::pending].as<std::int64_t>();
         t.waiting_on_key = row[col::waiting_on_key].as<std::int64_t>();
         t.scheduled = row[col::scheduled].as<std::int64_t>();
@@ -24,6 +25,19 @@ std::vector<topic_status> outbox_status(pqxx::connection& conn, const std::strin
         t.oldest_pending_seconds = row[col::oldest_pending_seconds].as<double>();
         if (!row[col::last_error].is_null()) t.last_error = row[col::last_error].c_str();
         out.push_back(std::move(t));
+    }
+    return out;
+}
+
+circuit_reports published_circuits(pqxx::connection& conn, const std::string& schema) {
+    const query_book book(schema);
+    pqxx::nontransaction tx(conn);
+    using col = q::circuits::col;
+    circuit_reports out;
+    for (const auto& row : exec<q::circuits>(tx, book)) {
+        out.live_relays = row[col::relays].as<std::int64_t>();
+        if (row[col::destination].is_null()) continue;
+        out.destinations.push_back({row[col::destination].c_str(), row[col::open].as<std::int64_t>()});
     }
     return out;
 }

@@ -11,23 +11,38 @@
 
 namespace outboxd::pg {
 
-// Work in the outbox per topic, each piece in exactly one state (see the
-// status query in queries.sql): an event, or one destination's delivery of
-// a fanned-out event.
-struct topic_status {
+// Work in the outbox of one topic at one destination, each piece in exactly
+// one state (see the status query in queries.sql): an event, or one
+// destination's delivery of a fanned-out event.
+struct work_status {
     std::string topic;
+    // nullopt: events not fanned out, owed to every destination their topic
+    // routes to; else a fanned-out event's delivery to this destination.
+    std::optional<std::string> destination;
     std::int64_t pending = 0;         // never attempted, due now
     std::int64_t waiting_on_key = 0;  // never attempted, due, behind an earlier event of its key
     std::int64_t scheduled = 0;       // never attempted, not due yet
     std::int64_t in_flight = 0;       // leased by a relay
     std::int64_t retrying = 0;        // attempted before, waiting for the next attempt
-    std::int64_t dead = 0;
+    std::int64_t dead = 0;            // dead letters (destination nullopt: the whole event died)
     double oldest_pending_seconds = 0;  // how long the oldest due work has been due
-    // The newest error among the topic's waiting events (for a destination's
-    // delivery: "destination: error"), e.g. that no route matches the topic.
+    // The newest error among the group's waiting work, e.g. that no route
+    // matches the topic.
     std::optional<std::string> last_error;
 };
 
-[[nodiscard]] std::vector<topic_status> outbox_status(pqxx::connection& conn, const std::string& schema);
+[[nodiscard]] std::vector<work_status> outbox_status(pqxx::connection& conn, const std::string& schema);
+
+// What the live relays report of one destination's circuit (sql/0007).
+struct circuit_report {
+    std::string destination;
+    std::int64_t open = 0;  // live relays whose circuit for it is open
+};
+struct circuit_reports {
+    std::int64_t live_relays = 0;
+    std::vector<circuit_report> destinations;  // those some relay has reported on
+};
+
+[[nodiscard]] circuit_reports published_circuits(pqxx::connection& conn, const std::string& schema);
 
 }  // namespace outboxd::pg

@@ -43,8 +43,8 @@ auto store::run(pqxx::transaction_base& tx, const Args& args) const {
 namespace {
 
 // The claim's :known_destination: only deliveries to these destinations
-// count as due. A literal, like the claim's size: the set is fixed for the
-// connection's life.
+// count as due. A literal, like the claim's size: the claims are prepared
+// again when a reload changes the set.
 std::string known_destination_sql(const std::optional<std::vector<std::string>>& destinations) {
     if (!destinations) return "true";
     return fmt::format("destination = ANY ({}::text[])",
@@ -292,10 +292,52 @@ std::size_t store::purge_dead_letters(std::chrono::milliseconds retention, std::
     });
 }
 
+void store::publish_circuit(const std::string& destination, const std::string& state_json) {
+    session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        (void)exec_params(tx, queries_,
+                          q::publish_circuit::args{.owner = owner_, .destination = destination, .state = state_json});
+    });
+}
+
+void store::reset_circuits() {
+    session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        (void)exec_params(tx, queries_, q::reset_circuits::args{.owner = owner_});
+    });
+}
+
+void store::set_destinations(const std::vector<std::string>& destinations) {
+    known_destination_ = known_destination_sql(destinations);
+    if (!connected()) return;  // a new connection prepares them
+    session_.run([&](pqxx::connection& c) {
+        unprepare_claims(c);
+        prepare_claims(c);
+    });
+}
+
+store::stats store::read_stats(std::int64_t cap) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        const auto row = exec_params(tx, queries_, q::relay_stats::args{.cap = static_cast<long long>(cap)}).one();
+        using col = q::relay_stats::col;
+        return stats{row[col::backlog].as<std::int64_t>(), row[col::oldest_pending_seconds].as<double>(),
+                     row[col::schema_version].as<int>()};
+    });
+}
+
 std::size_t store::release_waiting_deliveries(const std::string& destination) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
         return exec_params(tx, queries_, q::release_waiting_deliveries::args{.destination = destination})
+            .affected_rows();
+    });
+}
+
+std::size_t store::release_one_waiting_delivery(const std::string& destination) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_, q::release_one_waiting_delivery::args{.destination = destination})
             .affected_rows();
     });
 }

@@ -153,11 +153,31 @@ public:
     // transaction; with no relay dead, one indexed read of `relays`.
     [[nodiscard]] takeover take_over_dead_relays();
 
+    // Publishes one circuit's state (a JSON object) on our relays row
+    // (sql/0007); reset_circuits: all closed (a reload's new engine).
+    void publish_circuit(const std::string& destination, const std::string& state_json);
+    void reset_circuits();
+    // A reload changed the relay's destinations: claims report only theirs
+    // as due from now on (the claim statements are prepared again).
+    void set_destinations(const std::vector<std::string>& destinations);
+    // The figures of /metrics and the relay's summary (relay_stats in
+    // queries.sql): the undelivered work, counted up to `cap` events plus
+    // `cap` deliveries, the oldest due work's age, the schema version.
+    struct stats {
+        std::int64_t backlog = 0;
+        double oldest_pending_seconds = 0;
+        int schema_version = 0;
+    };
+    [[nodiscard]] stats read_stats(std::int64_t cap);
+
     // Makes the deliveries waiting out a backoff at `destination` due now
     // (its circuit closed). Returns how many.
     std::size_t release_waiting_deliveries(const std::string& destination);
+    // Makes the delivery due soonest at `destination` due now (a probe for
+    // its circuit). Returns how many (0 or 1).
+    std::size_t release_one_waiting_delivery(const std::string& destination);
 
-    // Wake-up (store_wake.cpp, sql/0007): this relay declares itself idle
+    // Wake-up (store_wake.cpp, sql/0008): this relay declares itself idle
     // or busy, the row counting for `valid`; forgets its declaration.
     void declare_wake(bool idle, std::chrono::milliseconds valid);
     void forget_wake();
@@ -192,6 +212,7 @@ private:
     template <typename Args>
     auto run(pqxx::transaction_base& tx, const Args& args) const;  // prepared, unless pooled
     void prepare_claims(pqxx::connection& c) const;
+    void unprepare_claims(pqxx::connection& c) const;
 
     std::string schema_;
     std::string owner_;

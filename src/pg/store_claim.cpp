@@ -34,7 +34,7 @@ std::vector<std::string> destination_names(std::string_view array) {
 }
 
 // The columns every claim returns: id, topic, ordering_key, payload,
-// headers, attempts (a claim without one of them does not compile).
+// headers, attempts, age_us (a claim without one of them does not compile).
 // Decoded row by row: a row that cannot be decoded comes back with the
 // reason (and its id and attempt, to dead-letter it under our lease) instead
 // of failing the whole claim, whose other rows would stay leased unsent.
@@ -54,6 +54,9 @@ event read_claimed(const row_of<Q>& row) {
         // Not the parser's text: it quotes the offending bytes.
         e.undecodable = "the event's headers cannot be decoded as UTF-8 JSON (the database's encoding is not "
                         "UTF-8?); it cannot be sent";
+    }
+    if (const auto age = row[col::age_us]; !age.is_null()) {
+        e.age_at_claim = std::chrono::microseconds(std::max<long long>(0, age.template as<long long>()));
     }
     return e;
 }
@@ -177,6 +180,14 @@ void store::prepare_claims(pqxx::connection& c) const {
         c.prepare(prepared_name(q::claim_from::name, size), claim_sql(size, claim_from::low_mark));
         c.prepare(prepared_name(q::claim_after::name, size), claim_sql(size, claim_from::drain_watermark));
         c.prepare(prepared_name(q::claim_deliveries::name, size), claim_deliveries_sql(size));
+    }
+}
+
+void store::unprepare_claims(pqxx::connection& c) const {
+    for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
+        for (const auto name : {q::claim::name, q::claim_from::name, q::claim_after::name, q::claim_deliveries::name}) {
+            c.unprepare(prepared_name(name, size));
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-// The relay's wake-up bookkeeping (sql/0007). Unprepared statements: they
+// The relay's wake-up bookkeeping (sql/0008). Unprepared statements: they
 // run at most a few times a second, and poll mode must work behind a
 // transaction pooler that keeps no prepared statements.
 #include <pqxx/pqxx>

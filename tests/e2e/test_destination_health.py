@@ -30,14 +30,15 @@ def requests_per_event(rx: Receiver) -> dict:
 
 
 def attempts_match_requests(rx: Receiver) -> dict:
-    """{event id: (attempt header of its accepted request, requests received)}
-    for events whose accepted request claims more attempts than were sent."""
+    """{event id: (highest attempt number its requests carried, requests
+    received)} for events whose attempts count differs from the requests
+    that reached the destination: an attempt counted for a request never
+    sent shows as a gap."""
     sent = requests_per_event(rx)
-    wrong = {}
+    highest: dict = {}
     for r in rx.snapshot():
-        if 200 <= r.status < 300 and int(r.headers["outbox-attempt"]) != sent[r.event_id]:
-            wrong[r.event_id] = (r.headers["outbox-attempt"], sent[r.event_id])
-    return wrong
+        highest[r.event_id] = max(highest.get(r.event_id, 0), int(r.headers["outbox-attempt"]))
+    return {i: (highest[i], sent[i]) for i in sent if highest[i] != sent[i]}
 
 
 def test_a_stalled_neighbour_neither_slows_the_healthy_destination_nor_burns_attempts(db, relay, tmp_path):
@@ -55,7 +56,7 @@ def test_a_stalled_neighbour_neither_slows_the_healthy_destination_nor_burns_att
                   f'[destinations.b]\nurl = "{b.url}"\n\n'
                   '[[routes]]\ntopics = ["slow.>"]\ndestinations = ["a"]\n\n'
                   '[[routes]]\ntopics = ["fast.>"]\ndestinations = ["b"]\n')
-        r = relay(None, "--config", write_config(tmp_path, config), "--concurrency", "4", "--lease", "8s")
+        r = relay(None, "--config", write_config(tmp_path, config), "--concurrency", "4", "--lease", "20s")
         slow = [db.enqueue("slow.thing", {"n": n}) for n in range(10)]
         assert a.wait_until(lambda reqs: len(reqs) >= 1, 10), "a never got a request"
         late = []
@@ -75,7 +76,8 @@ def test_a_stalled_neighbour_neither_slows_the_healthy_destination_nor_burns_att
         release.set()
         assert wait_delivered(a, slow, 20), f"a got {len(set(ok(a)))} of 10 after recovering"
         assert db.wait_empty(timeout=10), (db.events(), db.deliveries())
-        assert not duplicates(ok(a)) and not duplicates(ok(b))
+        # (a answers the requests that timed out, late: those are sent again.)
+        assert not duplicates(ok(b)), duplicates(ok(b))
         # Every attempt a delivery carries was a request a received: none was
         # counted for a request that was never sent.
         assert not attempts_match_requests(a), attempts_match_requests(a)

@@ -19,7 +19,7 @@ def _status(outboxd, db) -> dict:
     r = outboxd("status", "--json", "--database-url", db.url, "--schema", db.schema)
     assert r.rc == EXIT_OK, r
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-    return {row["topic"]: row for row in rows}
+    return {row["topic"]: row for row in rows if "topic" in row}
 
 
 def _event(db, topic, key=None, due="now()", attempts=0, lease_owner=None, fanned_out=False,
@@ -79,3 +79,98 @@ def test_each_status_count_means_one_state(outboxd, db):
     header = r.stdout.splitlines()[0].split()
     assert header == ["topic", "pending", "waiting_on_key", "scheduled", "in_flight", "retrying", "dead",
                       "oldest_pending"], header
+
+
+def test_status_per_destination_splits_work_by_route_and_shows_the_circuits_live_relays_report(
+        outboxd, db, relay, tmp_path):
+    from helpers import wait_until
+    from receiver import Receiver
+
+    with Receiver(lambda req: (500, {}, b"down")) as down, Receiver() as up:
+        config = tmp_path / "outboxd.toml"
+        config.write_text(
+            '[defaults.retry]\nbase = "1h"\ncap = "1h"\n\n'
+            f'[destinations.down]\nurl = "{down.url}"\ncircuit = {{ failures = 2 }}\n\n'
+            f'[destinations.up]\nurl = "{up.url}"\n\n'
+            '[[routes]]\ntopics = ["orders.>"]\ndestinations = ["down", "up"]\n')
+        base = ["--database-url", db.url, "--schema", db.schema, "--config", str(config)]
+        # Before any relay: events are owed to both destinations by their route.
+        for n in range(3):
+            db.enqueue("orders.created", {"n": n})
+        db.enqueue("billing.paid", {"n": 0})  # no route
+        r = outboxd("status", "--json", *base)
+        assert r.rc == EXIT_OK, r
+        rows = {row["destination"]: row for row in map(json.loads, r.stdout.splitlines()) if "destination" in row}
+        assert rows["down"]["pending"] == 3 and rows["up"]["pending"] == 3, rows
+        assert rows["(no route)"]["pending"] == 1, rows
+        assert rows["down"]["circuit"] == "-", rows  # no live relay reports
+
+        relay(None, "--config", str(config))
+        assert up.wait_for(3, timeout=10)
+
+        def by_destination():
+            out = outboxd("status", "--json", *base)
+            assert out.rc == EXIT_OK, out
+            return {row["destination"]: row for row in map(json.loads, out.stdout.splitlines())
+                    if "destination" in row}
+
+        # The circuit is published when it opens, the outcomes a moment later.
+        rows = wait_until(lambda: (lambda v: v if v["down"]["circuit"] == "open" and v["down"]["in_flight"] == 0
+                                   else None)(by_destination()), 10)
+        assert rows, by_destination()
+        assert rows["up"]["circuit"] == "closed", rows
+        assert rows["down"]["retrying"] + rows["down"]["pending"] == 3, rows
+        assert rows["up"]["pending"] == 0 and rows["up"]["retrying"] == 0, rows
+        text = outboxd("status", *base)
+        assert text.rc == EXIT_OK
+        line = next(l for l in text.stdout.splitlines() if l.startswith("down "))
+        assert line.split()[-1] == "open", text.stdout
+
+
+def test_status_watch_redraws_in_place_until_ctrl_c(outboxd_bin, db):
+    """Under a pseudo-terminal: the view is redrawn from the top at every
+    interval and follows the outbox; SIGINT ends it with exit 0."""
+    import os
+    import pty
+    import select
+    import signal
+    import subprocess
+    import time
+
+    from conftest import clean_env
+
+    leader, follower = pty.openpty()
+    p = subprocess.Popen([outboxd_bin, "status", "--watch", "--interval", "200ms", "--database-url", db.url,
+                          "--schema", db.schema], stdin=follower, stdout=follower, stderr=follower,
+                         env=clean_env(), start_new_session=True)
+    os.close(follower)
+    seen = b""
+
+    def read_for(seconds):
+        nonlocal seen
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 0.05)
+            if ready:
+                try:
+                    seen += os.read(leader, 65536)
+                except OSError:
+                    return
+
+    try:
+        read_for(0.7)
+        first = seen.count(b"\x1b[H")
+        assert first >= 2, seen
+        assert b"orders.watched" not in seen
+        db.enqueue("orders.watched", {"n": 1})
+        read_for(0.7)
+        assert seen.count(b"\x1b[H") >= first + 2, seen
+        last = seen.rsplit(b"\x1b[H", 1)[1].decode()
+        row = next(l for l in last.splitlines() if l.startswith("orders.watched"))
+        assert row.split()[1] == "1", last
+        p.send_signal(signal.SIGINT)
+        assert p.wait(5) == EXIT_OK
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(leader)

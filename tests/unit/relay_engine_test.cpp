@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include "fake_clock.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -19,15 +21,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
-class fake_clock final : public clock_source {
-public:
-    [[nodiscard]] steady_time steady() const override { return now; }
-    [[nodiscard]] std::chrono::system_clock::time_point wall() const override {
-        return std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 56)) + (now - steady_time{});
-    }
-    void advance(milliseconds d) { now += d; }
-    steady_time now{std::chrono::hours(1)};
-};
+using testing::fake_clock;
 
 destination_config destination(std::string name, std::size_t max_concurrency = 32) {
     destination_config d;
@@ -628,6 +622,7 @@ TEST_CASE("relay engine: a failing destination's circuit opens; its events are d
     CHECK(h.engine.circuit(0) == circuit_state::closed);
     const auto release = h.one<release_deliveries_command>();
     CHECK(release.destination == "down");
+    CHECK_FALSE(release.just_one);
 }
 
 TEST_CASE("relay engine: the probe timer wakes the relay at the probe time") {
@@ -646,6 +641,10 @@ TEST_CASE("relay engine: the probe timer wakes the relay at the probe time") {
     h.engine.timer_fired(relay_timer::circuit_probe, probe->generation);
     h.step();
     CHECK(h.has<claim_command>());
+    // All it owes may wait out a backoff: the delivery due soonest becomes the probe.
+    const auto nudge = h.one<release_deliveries_command>();
+    CHECK(nudge.destination == "a");
+    CHECK(nudge.just_one);
 }
 
 TEST_CASE("relay engine: live leases: a takeover at start and every second; leases handed back are claimed at once") {
@@ -698,4 +697,260 @@ TEST_CASE("relay engine: live leases off: no takeover") {
     (void)h.start();
     CHECK(h.all<housekeeping_command>().empty());
     CHECK_FALSE(h.armed(relay_timer::takeover));
+}
+
+TEST_CASE("relay engine: a slow request gives up its delivery slot; other destinations' events take it; shutdown "
+          "still waits for the slow one") {
+    auto cfg = one_destination(2);
+    cfg.destinations = {destination("slow"), destination("fast")};
+    cfg.routes = {{{"slow.>"}, {"slow"}}, {{"fast.>"}, {"fast"}}};
+    harness h(cfg);
+    h.start();
+    h.claim_returns({make_event(1, std::nullopt, "slow.x"), make_event(2, std::nullopt, "slow.x")});
+    const auto stuck = h.all<send_command>();
+    REQUIRE(stuck.size() == 2);
+    const auto watch = h.armed(relay_timer::slow_requests);
+    REQUIRE(watch);
+    CHECK(watch->at == h.clock.now + slow_request_after);
+    CHECK(h.engine.sending() == 2);
+    h.engine.wake();
+    h.step();
+    CHECK_FALSE(h.has<claim_command>());  // both slots taken
+    h.clock.advance(slow_request_after);
+    h.engine.timer_fired(relay_timer::slow_requests, watch->generation);
+    h.step();
+    CHECK(h.engine.sending() == 0);
+    // The first slot given up starts a claim at once (one claim at a time).
+    CHECK(h.one<claim_command>().request.wanted == 1);
+    h.claim_returns({make_event(3, std::nullopt, "fast.x")});
+    const auto quick = h.all<send_command>();
+    REQUIRE(quick.size() == 1);
+    CHECK(quick[0].destination == 1);
+    h.answer(quick[0], ok());
+    CHECK(h.engine.sending() == 0);
+    // Shutdown waits for the slow ones: they may still be delivered.
+    h.engine.outcomes_written(0);
+    h.step();
+    h.engine.signalled(15);
+    h.step();
+    if (h.has<write_outcomes_command>()) {
+        h.engine.outcomes_written(0);
+        h.step();
+    }
+    CHECK_FALSE(h.has<finish_command>());
+    h.answer(stuck[0], ok());
+    const auto first = h.one<write_outcomes_command>();
+    CHECK(first.batch->delivered.size() == 1);
+    CHECK_FALSE(h.has<finish_command>());
+    h.answer(stuck[1], ok());
+    CHECK_FALSE(h.has<finish_command>());
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.has<finish_command>());
+}
+
+// ---- run --once ----------------------------------------------------------------
+
+namespace {
+
+// A claim that leaves marks behind (a drain watermark, a low mark).
+claim_outcome marked_claim(const harness& h, std::vector<event> events, bool deliveries_due = false) {
+    claim_outcome o;
+    o.started = h.clock.now;
+    o.done = h.clock.now;
+    o.events = std::move(events);
+    o.deliveries_due = deliveries_due;
+    o.drain_watermark = claim_watermark{};
+    o.low_mark = "7";
+    return o;
+}
+
+// The write under way is recorded, and every one the engine asks for after it.
+void write_all(harness& h) {
+    do {
+        h.engine.outcomes_written(0);
+        h.step();
+    } while (h.has<write_outcomes_command>());
+}
+
+}  // namespace
+
+TEST_CASE("relay engine: once: an empty outbox stops at the first claim's empty answer") {
+    harness h(one_destination(4));
+    h.engine.start("msg_", run_mode::once);
+    h.step();
+    (void)h.one<claim_command>();
+    h.claim_returns({});
+    CHECK(h.has<stop_listening_command>());
+    CHECK(h.one<finish_command>().last.empty());
+}
+
+TEST_CASE("relay engine: once: drained only when a claim begun after the last write, from the start of the index "
+          "with deliveries, finds nothing") {
+    harness h(one_destination(4));
+    h.engine.start("msg_", run_mode::once);
+    h.step();
+    h.engine.claimed(marked_claim(h, {make_event(1), make_event(2)}));
+    h.step();
+    auto sends = h.all<send_command>();
+    REQUIRE(sends.size() == 2);
+    h.answer(sends[0], ok());
+    h.answer(sends[1], ok());
+    CHECK_FALSE(h.has<finish_command>());
+    write_all(h);
+    // Idle: a confirming claim, deliveries included, no marks.
+    auto confirm = h.one<claim_command>();
+    CHECK(confirm.request.deliveries_due);
+    CHECK_FALSE(confirm.request.drain_watermark);
+    CHECK_FALSE(confirm.request.low_mark);
+    // It finds more (committed meanwhile): they are delivered, and a new confirmation follows.
+    h.engine.claimed(marked_claim(h, {make_event(3)}));
+    h.step();
+    CHECK_FALSE(h.has<finish_command>());
+    h.answer(h.one<send_command>(), ok());
+    write_all(h);
+    confirm = h.one<claim_command>();
+    CHECK(confirm.request.deliveries_due);
+    CHECK_FALSE(confirm.request.low_mark);
+    h.claim_returns({});
+    CHECK(h.has<finish_command>());
+}
+
+TEST_CASE("relay engine: once: a retry that falls due while the run is busy is sent; one due later is left") {
+    harness h(one_destination(4));
+    h.engine.start("msg_", run_mode::once);
+    h.step();
+    h.claim_returns({make_event(1), make_event(2)});
+    const auto sends = h.all<send_command>();
+    REQUIRE(sends.size() == 2);
+    h.answer(sends[0], server_error());  // event 1 retries
+    const auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->fan_outs.size() == 1);
+    REQUIRE(write.batch->fan_outs[0].owed.size() == 1);
+    CHECK(write.batch->fan_outs[0].owed[0].due_in > 0ms);
+    h.engine.outcomes_written(0);
+    h.step();
+    const auto due = h.armed(relay_timer::next_due);
+    REQUIRE(due);
+    // Event 2 is still being sent when the retry falls due: it is claimed and sent.
+    h.clock.advance(std::chrono::duration_cast<milliseconds>(due->at - h.clock.now));
+    h.engine.timer_fired(relay_timer::next_due, due->generation);
+    h.step();
+    (void)h.one<claim_command>();
+    auto retried = make_event(1);
+    retried.attempt = 2;
+    h.claim_returns({retried});
+    const auto again = h.one<send_command>();
+    CHECK(again.e->id == 1);
+    h.answer(again, server_error());  // fails again: due later
+    h.answer(sends[1], ok());
+    write_all(h);
+    // Not waited for: the confirming claim finds nothing due, and the run ends.
+    (void)h.one<claim_command>();
+    h.claim_returns({});
+    CHECK(h.has<finish_command>());
+}
+
+TEST_CASE("relay engine: once: leases taken over during the confirming claim need another one") {
+    harness h(one_destination(4));
+    h.engine.start("msg_", run_mode::once);
+    h.step();
+    h.engine.relays_taken_over(2);
+    h.step();
+    h.claim_returns({});
+    CHECK_FALSE(h.has<finish_command>());
+    int claims = 0;
+    for (; claims < 3 && !h.has<finish_command>(); ++claims) {
+        (void)h.one<claim_command>();
+        h.claim_returns({});
+    }
+    CHECK(h.has<finish_command>());
+    CHECK(claims >= 1);
+}
+
+TEST_CASE("relay engine: once: a failed claim does not end the run and is retried after its backoff only") {
+    harness h(one_destination(4));
+    h.engine.start("msg_", run_mode::once);
+    h.step();
+    h.engine.claim_failed("connection lost");
+    h.step();
+    CHECK_FALSE(h.has<claim_command>());
+    CHECK_FALSE(h.has<finish_command>());
+    const auto retry = h.armed(relay_timer::claim_retry);
+    REQUIRE(retry);
+    h.clock.advance(std::chrono::duration_cast<milliseconds>(retry->at - h.clock.now));
+    h.engine.timer_fired(relay_timer::claim_retry, retry->generation);
+    h.step();
+    (void)h.one<claim_command>();
+    h.claim_returns({});  // not a confirming claim (it began after a failure): one more
+    (void)h.one<claim_command>();
+    h.claim_returns({});
+    CHECK(h.has<finish_command>());
+}
+
+TEST_CASE("relay engine: serve mode never stops by itself") {
+    harness h(one_destination(4));
+    h.start();
+    h.claim_returns({});
+    CHECK_FALSE(h.has<finish_command>());
+    CHECK_FALSE(h.has<claim_command>());
+}
+
+// ---- reload ----------------------------------------------------------------------
+
+TEST_CASE("relay engine: a reload stops claiming but keeps listening, hands back what is not sent, lets the "
+          "request in flight finish, writes, then finishes") {
+    harness h(one_destination(1));
+    h.start();
+    h.claim_returns({make_event(1), make_event(2)});
+    const auto in_flight = h.one<send_command>();
+    h.engine.reload_requested();
+    h.step();
+    CHECK_FALSE(h.has<stop_listening_command>());
+    REQUIRE(h.one<write_outcomes_command>().batch->handed_back.size() == 1);
+    h.engine.wake();
+    h.step();
+    CHECK_FALSE(h.has<claim_command>());
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK_FALSE(h.has<finish_command>());
+    h.answer(in_flight, ok());
+    CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.has<finish_command>());
+    CHECK(h.engine.finished_running());
+    // A second reload (or a signal's first) while stopping changes nothing.
+    h.engine.reload_requested();
+    h.step();
+    CHECK(h.last.empty());
+}
+
+TEST_CASE("relay engine: a circuit that opens or closes is published") {
+    auto cfg = one_destination(1);
+    cfg.destinations[0].circuit = {2, 500ms, 5s};
+    harness h(cfg);
+    h.start();
+    h.claim_returns({make_event(1)});
+    h.answer(h.one<send_command>(), server_error());
+    CHECK_FALSE(h.has<circuit_changed_command>());
+    write_all(h);
+    h.engine.wake();
+    h.step();
+    h.claim_returns({make_event(2)});
+    h.answer(h.one<send_command>(), server_error());
+    const auto opened = h.one<circuit_changed_command>();
+    CHECK(opened.destination == "a");
+    CHECK(opened.state == circuit_state::open);
+    CHECK(opened.failures == 2);
+    write_all(h);
+    h.clock.advance(500ms);
+    h.engine.wake();
+    h.step();
+    h.claim_returns({make_event(3)});
+    h.answer(h.one<send_command>(), ok());
+    CHECK(h.one<circuit_changed_command>().state == circuit_state::closed);
 }

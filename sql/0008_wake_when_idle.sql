@@ -1,4 +1,4 @@
--- outboxd migration 0007: producers notify only while some relay is idle.
+-- outboxd migration 0008: producers notify only while some relay is idle.
 --
 -- A transaction that ran NOTIFY takes one cluster-wide lock at commit and
 -- holds it until its commit record is flushed, so notifying commits flush
@@ -35,5 +35,5 @@ BEGIN
 END
 $$;
 
-INSERT INTO :"schema".schema_migrations (version, name) VALUES (7, 'wake_when_idle')
+INSERT INTO :"schema".schema_migrations (version, name) VALUES (8, 'wake_when_idle')
     ON CONFLICT (version) DO NOTHING;

@@ -1,0 +1,73 @@
+// The figures of /metrics from a real PostgreSQL: relay_stats (backlog,
+// oldest pending age, schema version) and the claim's age of each event
+// (the commit-to-delivery latency).
+#include <doctest/doctest.h>
+
+#include <chrono>
+
+#include "core/embedded_sql.hpp"
+#include "pg/producer.hpp"
+#include "pg/store.hpp"
+#include "pg_fixture.hpp"
+
+using namespace outboxd;
+using namespace std::chrono_literals;
+
+namespace {
+
+pg::new_event ev(std::chrono::milliseconds delay = 0ms) {
+    pg::new_event e;
+    e.topic = "t";
+    e.payload = R"({"n":1})";
+    e.delay = delay;
+    return e;
+}
+
+}  // namespace
+
+TEST_CASE("relay stats: backlog counts undelivered work (capped), oldest pending the longest-due unleased work") {
+    testing::installed db;
+    auto store = db.store("relay-a");
+    store.connect();
+    auto s = store.read_stats(100);
+    CHECK(s.backlog == 0);
+    CHECK(s.oldest_pending_seconds == 0);
+    CHECK(s.schema_version == embedded::migrations().back().version);
+
+    const auto a = db.enqueue(ev());
+    db.enqueue(ev());
+    db.enqueue(ev(1h));  // not due: backlog, not pending
+    (void)db.query(fmt::format("UPDATE {{s}}.events SET available_at = now() - interval '20 seconds' WHERE id = {} RETURNING id", a));
+    s = store.read_stats(100);
+    CHECK(s.backlog == 3);
+    CHECK(s.oldest_pending_seconds >= 20);
+    CHECK(s.oldest_pending_seconds < 80);
+    CHECK(store.read_stats(2).backlog == 2);  // the cap, per table
+
+    // Claimed (leased) work is not pending; fanned out, an event counts as
+    // its deliveries.
+    const auto claimed = store.claim(2, 30s, std::nullopt, std::nullopt);
+    REQUIRE(claimed.events.size() == 2);
+    s = store.read_stats(100);
+    CHECK(s.backlog == 3);
+    CHECK(s.oldest_pending_seconds == 0);
+    const auto& first = claimed.events.front();
+    const owed_delivery owed[] = {{"x", 0ms, 1, std::string("HTTP 500")}, {"y", 1h, 1, std::string("HTTP 500")}};
+    REQUIRE(store.fan_out({first.id, first.attempt}, owed, {}));
+    s = store.read_stats(100);
+    CHECK(s.backlog == 4);  // one event left fanned out, two deliveries, two events
+    CHECK(s.oldest_pending_seconds >= 0);
+}
+
+TEST_CASE("relay stats: a claim says how old each event is by the database's clock") {
+    testing::installed db;
+    auto store = db.store("relay-a");
+    store.connect();
+    const auto id = db.enqueue(ev());
+    (void)db.query(fmt::format("UPDATE {{s}}.events SET created_at = now() - interval '5 seconds' WHERE id = {} RETURNING id", id));
+    const auto claimed = store.claim(4, 30s, std::nullopt, std::nullopt);
+    REQUIRE(claimed.events.size() == 1);
+    REQUIRE(claimed.events[0].age_at_claim);
+    CHECK(*claimed.events[0].age_at_claim >= 5s);
+    CHECK(*claimed.events[0].age_at_claim < 10s);
+}
