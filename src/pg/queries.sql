@@ -531,9 +531,14 @@ WHERE pg_xact_status(x) = 'in progress';
 SELECT pg_notify($1, '') AS sent;
 
 -- name: wake_trigger_installed
--- Whether producers' inserts notify at all (`outboxd wake-trigger`).
-SELECT count(*) AS triggers FROM pg_trigger
-WHERE tgrelid = ':"schema".events'::regclass AND tgname = 'events_notify';
+-- params: schema
+-- Whether producers' inserts notify at all (`outboxd wake-trigger`). The
+-- schema by value, never spliced into a literal.
+SELECT count(*) AS triggers
+FROM pg_trigger t
+JOIN pg_class c ON c.oid = t.tgrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = 'events' AND t.tgname = 'events_notify';
 
 -- name: wake_trigger_drop_events
 DROP TRIGGER IF EXISTS events_notify ON :"schema".events;

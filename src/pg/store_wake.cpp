@@ -51,7 +51,8 @@ void store::notify(const std::string& channel) {
 bool store::wake_trigger_installed() {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        return exec<q::wake_trigger_installed>(tx, queries_).one()[q::wake_trigger_installed::col::triggers]
+        return exec_params(tx, queries_, q::wake_trigger_installed::args{.schema = schema_})
+                   .one()[q::wake_trigger_installed::col::triggers]
                    .as<long long>() > 0;
     });
 }
