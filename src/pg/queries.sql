@@ -502,7 +502,11 @@ SELECT 'msg_' || left(replace(id::text, '-', ''), 16) || '_' AS prefix FROM :"sc
 -- params: owner, idle, valid_ms
 -- The relay says whether it is idle (sql/0008): producers notify only while
 -- some relay is. valid_ms: the row counts until then; the relay refreshes it
--- at every sweep.
+-- at every sweep. Rows of relays that died (past their `until` for an
+-- hour) go at the same time, so restarts do not pile them up.
+WITH gone AS (
+    DELETE FROM :"schema".relay_wake WHERE until < now() - interval '1 hour' AND owner <> $1
+)
 INSERT INTO :"schema".relay_wake (owner, idle, until)
 VALUES ($1, $2, now() + $3 * interval '1 millisecond')
 ON CONFLICT (owner) DO UPDATE SET idle = excluded.idle, until = excluded.until;

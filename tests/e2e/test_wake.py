@@ -231,3 +231,12 @@ def test_transaction_pooling_with_live_leases_is_refused_at_start(db, receiver, 
     r = relay(receiver, "--wake", "poll", "--database-transaction-pooling")
     assert r.wait(10) == 2, r.log()
     assert "database.transaction_pooling needs relay.live_leases = false" in r.log()
+
+
+def test_a_dead_relays_declaration_is_deleted_an_hour_after_it_ran_out(db, receiver, relay):
+    db.query("INSERT INTO {s}.relay_wake (owner, idle, until) VALUES "
+             "('dead-long-ago', true, now() - interval '2 hours'), ('dead-just-now', true, now() - interval '1 minute')")
+    r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h")
+    assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.relay_wake WHERE owner LIKE 'dead%%'") == 1, 10), \
+        (db.query("SELECT * FROM {s}.relay_wake"), r.log())
+    assert db.scalar("SELECT owner FROM {s}.relay_wake WHERE owner LIKE 'dead%%'") == "dead-just-now"
