@@ -17,6 +17,8 @@ packages=(
   libfmt-dev doctest-dev libssl-dev libtomlplusplus-dev
   # a real server for the pg/e2e suites and the demo
   postgresql-15
+  # a real transaction pooler for the poll-mode e2e tests (tests/e2e/test_wake.py)
+  pgbouncer
   # end-to-end tests and demo run under Debian's /usr/bin/python3
   python3 python3-psycopg2 python3-pytest
   # parses /metrics in the e2e tests (the Prometheus client's own parser)

@@ -50,8 +50,8 @@ const std::vector<option_spec>& known_options() {
     return all;
 }
 
-constexpr std::array<std::string_view, 7> commands{"migrate", "sql", "enqueue", "run", "check-config", "dead",
-                                                   "status"};
+constexpr std::array<std::string_view, 8> commands{"migrate", "sql", "enqueue", "run", "check-config", "dead",
+                                                   "status", "wake-trigger"};
 constexpr std::array<std::string_view, 3> dead_subcommands{"list", "replay", "purge"};
 
 bool belongs_to(const option_spec& spec, std::string_view command) {
@@ -125,9 +125,17 @@ parsed_args parse_args(int argc, const char* const* argv) {
                 usage_error(fmt::format("unknown `outboxd dead` command '{}': expected list, replay or purge", arg));
             }
             out.subcommand = arg;
+        } else if (out.command == "wake-trigger" && out.subcommand.empty()) {
+            if (arg != "install" && arg != "remove") {
+                usage_error(fmt::format("unknown `outboxd wake-trigger` command '{}': expected install or remove", arg));
+            }
+            out.subcommand = arg;
         } else {
             usage_error(fmt::format("unexpected argument '{}'", arg));
         }
+    }
+    if (out.command == "wake-trigger" && out.subcommand.empty() && !out.help) {
+        usage_error("`outboxd wake-trigger` needs a command: install or remove");
     }
     if (out.command == "dead" && out.subcommand.empty() && !out.help) {
         usage_error("`outboxd dead` needs a command: list, replay or purge");
@@ -155,6 +163,10 @@ Commands:
   enqueue     add one event: --topic T [--payload JSON] [--key K] [--idempotency-key I]
               [--header NAME=VALUE]... [--delay DURATION]; prints the event id.
               Without --payload the payload is read from standard input.
+  wake-trigger install|remove
+              install the trigger that lets producers wake relays (relay.wake = auto or
+              notify; migrate installs it), or remove it (relay.wake = poll: producers
+              then pay nothing for wake-ups)
   run         deliver events to the configured destinations until SIGINT/SIGTERM;
               SIGHUP reloads the configuration file (destinations, routes, relay settings).
               --once: deliver what is due, then exit 0 (cron, batch jobs, tests)

@@ -36,6 +36,7 @@
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
 #include "core/topic_pattern.hpp"
+#include "pg/named_queries.hpp"
 #include "pg/conninfo.hpp"
 #include "pg/dead_letters.hpp"
 #include "pg/producer.hpp"
@@ -195,6 +196,32 @@ auto with_installed_outbox(const std::string& schema, F&& f) {
         }
         throw;
     }
+}
+
+// Installs or removes the wake-up triggers (README "Wake-up modes"), in one
+// transaction.
+int cmd_wake_trigger(const parsed_args& args) {
+    const auto [schema, dsn] = database_of(args);
+    auto conn = connect(dsn);
+    const pg::query_book book(schema);
+    namespace q = pg::q;
+    const bool install = args.subcommand == "install";
+    try {
+        with_installed_outbox(schema, [&] {
+            pqxx::work tx(*conn);
+            tx.exec(book.sql<q::wake_trigger_drop_events>());
+            tx.exec(book.sql<q::wake_trigger_drop_deliveries>());
+            if (install) {
+                tx.exec(book.sql<q::wake_trigger_create_events>());
+                tx.exec(book.sql<q::wake_trigger_create_deliveries>());
+            }
+            tx.commit();
+        });
+    } catch (const pqxx::broken_connection& e) {
+        throw database_unavailable(e, dsn);
+    }
+    log::info(install ? "wake-up trigger installed" : "wake-up trigger removed", {{"schema", schema}});
+    return exit_ok;
 }
 
 int cmd_enqueue(const parsed_args& args) {
@@ -577,6 +604,7 @@ int dispatch(const parsed_args& args) {
     if (args.command == "check-config") return cmd_check_config(args);
     if (args.command == "status") return cmd_status(args);
     if (args.command == "dead") return cmd_dead(args);
+    if (args.command == "wake-trigger") return cmd_wake_trigger(args);
     throw fatal_error(exit_usage, fmt::format("unknown command '{}'", args.command));
 }
 

@@ -33,6 +33,7 @@
 #include "core/relay_engine.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
+#include "core/wake_policy.hpp"
 #include "pg/listener.hpp"
 #include "pg/store.hpp"
 
@@ -106,14 +107,17 @@ public:
           outcome_worker_(outcome_store_),
           telemetry_(ioc_, config_, engine_, outcome_worker_, o.dsn,
                      plan_migrations(std::nullopt, embedded::migrations()).binary_version),
+          wake_(wake_settings(cfg())),
+          wake_timer_(ioc_),
           listener_(ioc_, worker_.executor(), o.dsn, notify_channel(cfg().schema),
                     {[this] {
                          telemetry_.notified();
-                         wake();
+                         feed_wake([](wake_policy& w, auto now) { return w.notified(now); });
                      },
                      [this] {
                          telemetry_.listen_restored();
                          wake();
+                         feed_wake([](wake_policy& w, auto now) { return w.listening(now); });
                      },
                      [this](const std::string& why) {
                          telemetry_.listen_lost(why);
@@ -127,6 +131,12 @@ public:
                   net::steady_timer(ioc_), net::steady_timer(ioc_)} {
         engine_->observe(&telemetry_);
         sinks_ = make_sinks(cfg());
+        if (cfg().db_transaction_pooling && cfg().live_leases) {
+            // A session advisory lock means nothing through a transaction pooler.
+            throw fatal_error(exit_usage, "database.transaction_pooling needs relay.live_leases = false");
+        }
+        store_.set_transaction_pooling(cfg().db_transaction_pooling);
+        outcome_store_.set_transaction_pooling(cfg().db_transaction_pooling);
     }
 
     int run() {
@@ -151,6 +161,7 @@ private:
     // ---- startup -------------------------------------------------------
 
     void start() {
+        bool trigger_installed = true;
         // Fail fast on the first connection: a wrong URL or password is an
         // operator error to report, not an outage to wait out.
         try {
@@ -159,7 +170,10 @@ private:
             message_prefix_ = store_.message_prefix();
             if (cfg().live_leases) store_.bind_leases_to_session();
             outcome_store_.connect();
-            listener_.connect_now();
+            if (wake_.listens()) {
+                listener_.connect_now();
+                trigger_installed = store_.wake_trigger_installed();
+            }
         } catch (const fatal_error&) {
             throw;
         } catch (const pqxx::broken_connection& e) {
@@ -170,7 +184,7 @@ private:
             throw fatal_error(exit_db_unavailable,
                               fmt::format("database error at startup: {}", scrub_secrets(e.what(), opts_.dsn)));
         }
-        listener_.start();
+        if (wake_.listens()) listener_.start();
         try {
             telemetry_.start();
         } catch (const boost::system::system_error& e) {
@@ -180,8 +194,100 @@ private:
         wait_for_signal();
         wait_for_hangup();
         log_started();
-        // LISTEN is active; now drain whatever was committed before it.
+        // LISTEN is active; now drain whatever was committed before it. The
+        // wake-up declaration first: it goes ahead of the drain on the claim
+        // connection, so the drain and the watch that follows it see every
+        // commit that read "no relay idle" (core/wake_policy.hpp).
+        feed_wake([](wake_policy& w, auto now) { return w.started(now); });
+        if (wake_.listens()) {
+            feed_wake([&](wake_policy& w, auto now) { return trigger_installed ? w.listening(now) : w.no_trigger(now); });
+        }
         feed([this](relay_engine& e) { e.start(message_prefix_, opts_.mode); });
+    }
+
+    static wake_policy::settings wake_settings(const config& c) {
+        wake_policy::settings s;
+        s.mode = parse_wake_mode(c.wake);
+        s.poll_interval = c.poll_interval;
+        s.refresh_interval = c.sweep_interval;
+        return s;
+    }
+
+    // ---- wake-up (core/wake_policy.hpp) ----------------------------------
+
+    // A declaration counts this long: a relay that stopped refreshing it
+    // (every sweep) is presumed dead.
+    [[nodiscard]] std::chrono::milliseconds declaration_validity() const { return 3 * cfg().sweep_interval; }
+
+    // Gives the wake policy one input, f(policy, now), and does what it says.
+    template <typename F>
+    void feed_wake(F&& f) {
+        apply(f(wake_, std::chrono::steady_clock::now()));
+    }
+
+    void apply(const wake_policy::actions& a) {
+        if (a.claim_from_start) {
+            feed([](relay_engine& e) { e.wake_from_start(); });
+        } else if (a.claim) {
+            wake();
+        }
+        if (a.declare) {
+            // On the claim connection, in order with the claims: a producer
+            // that read "busy" before this commit is in progress at the read
+            // that follows, or committed before the claims that follow.
+            worker_.submit([this, idle = *a.declare, read = a.read_in_progress,
+                            valid = declaration_validity()](pg::store& store) {
+                std::string xids;
+                bool ok = true;
+                try {
+                    store.declare_wake(idle, valid);
+                    if (read) xids = store.transactions_in_progress();
+                } catch (const std::exception& e) {
+                    ok = false;
+                    log::warn("declaring the relay idle or busy failed",
+                              {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+                net::post(ioc_, [this, ok, read, xids = std::move(xids)]() mutable {
+                    if (ok && read) {
+                        feed_wake([&](wake_policy& w, auto now) { return w.declared_idle(std::move(xids), now); });
+                    } else {
+                        feed_wake([&](wake_policy& w, auto now) { return w.declared(ok, now); });
+                    }
+                });
+            });
+        }
+        if (a.watch) {
+            worker_.submit([this, xids = wake_.in_progress()](pg::store& store) {
+                std::string remaining = xids;
+                try {
+                    remaining = store.still_in_progress(xids);
+                } catch (const std::exception& e) {
+                    log::warn("reading transactions in progress failed",
+                              {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+                net::post(ioc_, [this, remaining = std::move(remaining)]() mutable {
+                    feed_wake([&](wake_policy& w, auto now) { return w.watched(std::move(remaining), now); });
+                });
+            });
+        }
+        if (a.self_notify) {
+            outcome_worker_.submit([this, channel = notify_channel(cfg().schema)](pg::store& store) {
+                try {
+                    store.notify(channel);
+                } catch (const std::exception& e) {
+                    log::warn("the notification self-test could not notify",
+                              {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+            });
+        }
+        if (const auto at = wake_.next_timer()) {
+            wake_timer_.expires_at(*at);
+            wake_timer_.async_wait([this](const boost::system::error_code& ec) {
+                if (!ec && !stopped_waking_) feed_wake([](wake_policy& w, auto now) { return w.timer(now); });
+            });
+        } else {
+            wake_timer_.cancel();
+        }
     }
 
     void log_started() {
@@ -201,6 +307,7 @@ private:
                                     {"concurrency", fmt::format("{}", cfg().concurrency)},
                                     {"lease", format_duration(cfg().lease)},
                                     {"sweep_interval", format_duration(cfg().sweep_interval)},
+                                    {"wake", cfg().wake},
                                     {"lease_owner", opts_.lease_owner},
                                     {"mode", opts_.mode == run_mode::once ? "once" : "serve"}});
     }
@@ -333,6 +440,9 @@ private:
         if (now.db_connect_timeout != next.db_connect_timeout) return "database.connect_timeout";
         if (now.db_keepalive_timeout != next.db_keepalive_timeout) return "database.keepalive_timeout";
         if (now.live_leases != next.live_leases) return "relay.live_leases";
+        if (now.wake != next.wake) return "relay.wake";
+        if (now.poll_interval != next.poll_interval) return "relay.poll_interval";
+        if (now.db_transaction_pooling != next.db_transaction_pooling) return "database.transaction_pooling";
         return std::nullopt;
     }
 
@@ -412,7 +522,12 @@ private:
                 outcome.started = started;
                 outcome.done = std::chrono::steady_clock::now();
                 net::post(ioc_, [this, epoch, outcome = std::move(outcome)]() mutable {
+                    const auto got = outcome.events.size();
+                    const auto full = outcome.full;
                     feed_from(epoch, [&](relay_engine& e) { e.claimed(std::move(outcome)); });
+                    if (epoch == epoch_ && !engine_->stopping()) {
+                        feed_wake([&](wake_policy& w, auto now) { return w.claimed(got, full, now); });
+                    }
                 });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
@@ -540,6 +655,8 @@ private:
     void run(stop_listening_command&) {
         listener_.stop();
         telemetry_.stopping();
+        stopped_waking_ = true;
+        wake_timer_.cancel();
     }
 
     void run(finish_command& c) {
@@ -556,6 +673,14 @@ private:
             // there (a timed-out shutdown may have one): what it took is
             // released too.
             worker_.submit([this](pg::store& claim_store) {
+                if (wake_.listens() && !(next_config_ && !terminating_)) {
+                    try {
+                        claim_store.forget_wake();
+                    } catch (const std::exception& e) {
+                        log::warn("could not withdraw the relay's wake-up declaration; it expires on its own",
+                                  {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                    }
+                }
                 try {
                     const auto released = claim_store.release();
                     log::info(next_config_ && !terminating_ ? "old configuration stopped" : "stopped",
@@ -614,6 +739,9 @@ private:
     pg::store outcome_store_;
     store_worker outcome_worker_;
     relay_telemetry telemetry_;  // metrics, the admin listener, the summary line
+    wake_policy wake_;
+    net::steady_timer wake_timer_;
+    bool stopped_waking_ = false;
     pg::listener listener_;
     std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
     // Sinks of configurations a reload replaced: closed, kept until exit so

@@ -74,11 +74,22 @@ struct config {
     // The relay's own statements: the server cancels one that runs longer,
     // and outboxd gives up on one not answered within this plus 2 s. 0: none.
     std::chrono::milliseconds db_statement_timeout{5'000};
+    // The relay's connections go through a transaction pooler (PgBouncer
+    // pool_mode = transaction): no prepared statements, no session settings.
+    bool db_transaction_pooling = false;
     std::string log_level = "info";
     std::string log_format = "logfmt";   // or "json": how log records are written
     std::size_t concurrency = 32;         // deliveries in flight at most, all destinations
     std::chrono::milliseconds lease{30'000};
     std::chrono::milliseconds sweep_interval{30'000};
+    // How the relay learns of new events (README "Wake-up modes"): "auto"
+    // (notifications while it is idle, claims back to back while busy),
+    // "notify" (a notification at every commit) or "poll" (no LISTEN, a
+    // claim every poll_interval).
+    std::string wake = "auto";
+    // poll mode's claim interval; also how often a relay whose notifications
+    // do not arrive (the self-test failed) claims instead.
+    std::chrono::milliseconds poll_interval{500};
     // Leases bound to the relay's database session (sql/0006): a dead
     // relay's leases are taken over within a second. Off behind a
     // transaction pooler, where a session is not the relay's own: leases

@@ -25,6 +25,7 @@ constexpr milliseconds min_db_keepalive_timeout = 1s;
 
 constexpr std::array<std::string_view, 4> log_levels{"debug", "info", "warn", "error"};  // log::parse_level
 constexpr std::array<std::string_view, 2> log_formats{"logfmt", "json"};
+constexpr std::array<std::string_view, 3> wake_modes{"auto", "notify", "poll"};
 
 using c = config;
 using d = destination_config;
@@ -39,9 +40,13 @@ constexpr row<config> relay_table[] = {
      duration(min_db_keepalive_timeout), member<&c::db_keepalive_timeout>, every},
     {"database.statement_timeout", "OUTBOXD_DATABASE_STATEMENT_TIMEOUT", "database-statement-timeout", duration(0ms),
      member<&c::db_statement_timeout>},
+    {"database.transaction_pooling", "OUTBOXD_DATABASE_TRANSACTION_POOLING", "database-transaction-pooling",
+     boolean(), member<&c::db_transaction_pooling>},
     {"relay.concurrency", "OUTBOXD_CONCURRENCY", "concurrency", integer(1, max_concurrency), member<&c::concurrency>},
     {"relay.lease", "OUTBOXD_LEASE", "lease", duration(1ms), member<&c::lease>},
     {"relay.sweep_interval", "OUTBOXD_SWEEP_INTERVAL", "sweep-interval", duration(100ms), member<&c::sweep_interval>},
+    {"relay.wake", "OUTBOXD_WAKE", "wake", one_of(wake_modes), member<&c::wake>},
+    {"relay.poll_interval", "OUTBOXD_POLL_INTERVAL", "poll-interval", duration(10ms), member<&c::poll_interval>},
     {"relay.shutdown_timeout", "OUTBOXD_SHUTDOWN_TIMEOUT", "shutdown-timeout", duration(0ms),
      member<&c::shutdown_timeout>},
     {"relay.log_level", "OUTBOXD_LOG_LEVEL", "log-level", one_of(log_levels), member<&c::log_level>, every},

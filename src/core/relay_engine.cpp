@@ -128,6 +128,12 @@ void relay_engine::relays_taken_over(std::size_t leases) {
 
 void relay_engine::wake() { start_claim(dispatch_.on_wake()); }
 
+void relay_engine::wake_from_start() {
+    if (dispatch_.stopping()) return;
+    reset_claim_marks(false);
+    wake();
+}
+
 void relay_engine::start_claim(std::size_t n) {
     if (n == 0) return;
     // While no destination's circuit is closed, what is claimed could only

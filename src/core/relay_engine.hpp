@@ -198,6 +198,9 @@ public:
     void start(std::string message_prefix, run_mode mode = run_mode::serve);
     // Something may be due: a notification, a reconnect.
     void wake();
+    // As wake(), with a claim from the beginning of the outbox: a transaction
+    // that began a while ago may just have committed (core/wake_policy.hpp).
+    void wake_from_start();
     void claimed(claim_outcome result);
     void claim_failed(const std::string& why);
     void sent(std::uint64_t send_id, send_result result);

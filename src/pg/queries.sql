@@ -498,6 +498,70 @@ DELETE FROM :"schema".key_holds WHERE until < now() - interval '1 hour';
 -- reads it once, at startup.
 SELECT 'msg_' || left(replace(id::text, '-', ''), 16) || '_' AS prefix FROM :"schema".outbox_identity;
 
+-- name: declare_wake
+-- params: owner, idle, valid_ms
+-- The relay says whether it is idle (sql/0008): producers notify only while
+-- some relay is. valid_ms: the row counts until then; the relay refreshes it
+-- at every sweep. Rows of relays that died (past their `until` for an
+-- hour) go at the same time, so restarts do not pile them up.
+WITH gone AS (
+    DELETE FROM :"schema".relay_wake WHERE until < now() - interval '1 hour' AND owner <> $1
+)
+INSERT INTO :"schema".relay_wake (owner, idle, until)
+VALUES ($1, $2, now() + $3 * interval '1 millisecond')
+ON CONFLICT (owner) DO UPDATE SET idle = excluded.idle, until = excluded.until;
+
+-- name: forget_wake
+-- params: owner
+DELETE FROM :"schema".relay_wake WHERE owner = $1;
+
+-- name: transactions_in_progress
+-- Every transaction in progress now, by xid. Run right after the relay
+-- declared itself idle: a producer that read "busy" before that commit is
+-- either committed (the next claim sees its event) or among these.
+SELECT coalesce(string_agg(x::text, ','), '') AS xids FROM pg_snapshot_xip(pg_current_snapshot()) AS x;
+
+-- name: still_in_progress
+-- params: xids
+-- Those of xids (comma-separated) still in progress.
+SELECT coalesce(string_agg(x::text, ','), '') AS xids
+FROM unnest(string_to_array(nullif($1, ''), ',')::xid8[]) AS x
+WHERE pg_xact_status(x) = 'in progress';
+
+-- name: notify_channel
+-- params: channel
+-- The relay's self-test: a notification on its own channel, from a
+-- connection other than the one that listens, as a producer's would come.
+SELECT pg_notify($1, '') AS sent;
+
+-- name: wake_trigger_installed
+-- params: schema
+-- Whether producers' inserts notify at all (`outboxd wake-trigger`). The
+-- schema by value, never spliced into a literal.
+SELECT count(*) AS triggers
+FROM pg_trigger t
+JOIN pg_class c ON c.oid = t.tgrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = 'events' AND t.tgname = 'events_notify';
+
+-- name: wake_trigger_drop_events
+DROP TRIGGER IF EXISTS events_notify ON :"schema".events;
+
+-- name: wake_trigger_drop_deliveries
+DROP TRIGGER IF EXISTS deliveries_notify ON :"schema".deliveries;
+
+-- name: wake_trigger_create_events
+-- As sql/0001 made it.
+CREATE TRIGGER events_notify
+    AFTER INSERT ON :"schema".events
+    FOR EACH STATEMENT EXECUTE FUNCTION :"schema".notify_events();
+
+-- name: wake_trigger_create_deliveries
+-- As sql/0002 made it.
+CREATE TRIGGER deliveries_notify
+    AFTER INSERT ON :"schema".deliveries
+    FOR EACH STATEMENT EXECUTE FUNCTION :"schema".notify_events();
+
 -- name: purge_idempotency_keys
 -- params: retention_ms
 -- Returns how many keys were forgotten.

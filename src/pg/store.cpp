@@ -31,11 +31,16 @@ using prepared = query_list<q::complete, q::reschedule, q::bury, q::release, q::
                             q::bury_delivery, q::delete_finished_events, q::purge_idempotency_keys,
                             q::purge_dead_letters>;
 
+}  // namespace
+
 template <typename Args>
-auto run(pqxx::transaction_base& tx, const Args& args) {
+auto store::run(pqxx::transaction_base& tx, const Args& args) const {
     static_assert(prepared::contains<query_of<Args>>, "not prepared by the relay's session: add it to `prepared`");
+    if (transaction_pooling_) return exec_params(tx, queries_, args);
     return exec_prepared(tx, args);
 }
+
+namespace {
 
 // The claim's :known_destination: only deliveries to these destinations
 // count as due. A literal, like the claim's size: the claims are prepared
@@ -68,6 +73,7 @@ bool store::connected() const noexcept { return session_.connected(); }
 void store::disconnect() noexcept { session_.disconnect(); }
 
 void store::set_up(pqxx::connection& c) {
+    if (transaction_pooling_) return;  // see set_transaction_pooling()
     if (statement_timeout_.count() > 0) {
         pqxx::nontransaction tx(c);
         // No statement of ours runs long: one that does is stuck (a lock, a

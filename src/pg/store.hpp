@@ -177,7 +177,24 @@ public:
     // its circuit). Returns how many (0 or 1).
     std::size_t release_one_waiting_delivery(const std::string& destination);
 
+    // Wake-up (store_wake.cpp, sql/0008): this relay declares itself idle
+    // or busy, the row counting for `valid`; forgets its declaration.
+    void declare_wake(bool idle, std::chrono::milliseconds valid);
+    void forget_wake();
+    // xids as comma-separated text: every transaction in progress now, and
+    // those of `xids` still in progress.
+    [[nodiscard]] std::string transactions_in_progress();
+    [[nodiscard]] std::string still_in_progress(const std::string& xids);
+    // NOTIFY channel (the relay's self-test).
+    void notify(const std::string& channel);
+    // Whether the events table has its wake-up trigger (`outboxd wake-trigger`).
+    [[nodiscard]] bool wake_trigger_installed();
+
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
+    // Before the first connection: the session goes through a transaction
+    // pooler, which keeps neither prepared statements nor session settings
+    // between transactions (and would hand our settings to other clients).
+    void set_transaction_pooling(bool on) noexcept { transaction_pooling_ = on; }
 
     // The event claim of queries.sql with its size and watermark filled in,
     // the delivery claim with its size, and the settings of the session that
@@ -192,6 +209,8 @@ private:
     void register_session(pqxx::connection& c);
     // Before a claim: takes the session lock if this session does not hold it yet.
     void hold_session_lock(pqxx::connection& c);  // session settings and prepared statements
+    template <typename Args>
+    auto run(pqxx::transaction_base& tx, const Args& args) const;  // prepared, unless pooled
     void prepare_claims(pqxx::connection& c) const;
     void unprepare_claims(pqxx::connection& c) const;
 
@@ -200,6 +219,7 @@ private:
     bool relay_session_;
     bool plan_once_;
     std::chrono::milliseconds statement_timeout_;
+    bool transaction_pooling_ = false;
     // The claim's :known_destination: the SQL that keeps other relays'
     // deliveries out of "deliveries are due".
     std::string known_destination_;

@@ -117,6 +117,22 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
         pqxx::nontransaction tx(c);
         const auto size = claim_size(limit);
         const auto lease_ms = static_cast<long long>(lease.count());
+        if (transaction_pooling_) {
+            const auto from = after ? claim_from::drain_watermark : low_mark ? claim_from::low_mark : claim_from::beginning;
+            const auto sql = claim_sql(size, from);
+            if (after) {
+                return read_claim(exec_params(tx, sql,
+                                              q::claim_after::args{.owner = owner_,
+                                                                   .lease_ms = lease_ms,
+                                                                   .watermark_at = after->available_at,
+                                                                   .watermark_id = after->id}));
+            }
+            if (low_mark) {
+                return read_claim(exec_params(
+                    tx, sql, q::claim_from::args{.owner = owner_, .lease_ms = lease_ms, .low_mark = *low_mark}));
+            }
+            return read_claim(exec_params(tx, sql, q::claim::args{.owner = owner_, .lease_ms = lease_ms}));
+        }
         if (after) {
             return read_claim(exec_prepared(tx, prepared_name(q::claim_after::name, size),
                                             q::claim_after::args{.owner = owner_,
@@ -138,12 +154,13 @@ std::vector<event> store::claim_deliveries(std::size_t limit, std::chrono::milli
                                            std::span<const std::string> destinations) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        const auto r = exec_prepared(
-            tx, prepared_name(q::claim_deliveries::name, claim_size(limit)),
-            q::claim_deliveries::args{
-                .owner = owner_,
-                .lease_ms = static_cast<long long>(lease.count()),
-                .destinations = text_array(destinations, [](const std::string& d) { return std::optional(d); })});
+        const q::claim_deliveries::args args{
+            .owner = owner_,
+            .lease_ms = static_cast<long long>(lease.count()),
+            .destinations = text_array(destinations, [](const std::string& d) { return std::optional(d); })};
+        const auto r = transaction_pooling_
+                           ? exec_params(tx, claim_deliveries_sql(claim_size(limit)), args)
+                           : exec_prepared(tx, prepared_name(q::claim_deliveries::name, claim_size(limit)), args);
         std::vector<event> out;
         out.reserve(r.size());
         for (const auto& row : r) {

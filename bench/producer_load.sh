@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# What the outbox's wake-up costs the application's writes (issue 13): the
+# commit rate of producers, each transaction one business row plus (in all
+# modes but `none`) one `outbox.enqueue(...)`, measured with pgbench on a
+# durable cluster (fsync and synchronous_commit on).
+#
+#   bench/producer_load.sh [--clients "1 8 32 64"] [--seconds 10] [--runs 3]
+#                          [--modes "none no-wake notify auto-busy auto-live"]
+#
+# Modes (what the producers' transactions pay for):
+#   none        no outbox: the business row alone
+#   no-wake     the outbox without any wake-up trigger (`outboxd wake-trigger
+#               remove`; what `relay.wake = "poll"` needs)
+#   notify      the trigger, with a relay declared idle: every commit notifies
+#               (what a `relay.wake = "notify"` relay asks for, and what
+#               every commit paid before migration 0007)
+#   auto-busy   the trigger, with the only relay declared busy: producers
+#               read the declaration and do not notify
+#   auto-live   the trigger with a real `relay.wake = "auto"` relay running
+#               (stdout sink to /dev/null), deciding for itself
+# No relay runs in the other modes: their producer cost does not depend on
+# one, and a relay's CPU would be charged to them on a small machine.
+#
+# Prints a Markdown table: median commits/s of `runs` rounds (each runs
+# every mode and client count once) per mode and client count, and each
+# mode's ratio to `no-wake` (the same transactions with no wake mechanism at
+# all). The outbox tables are emptied before every run. Builds nothing
+# (scripts/build.sh first); uses build/outboxd, or $OUTBOXD_BIN. The cluster
+# is removed on exit.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+clients="1 8 32 64"
+seconds=10
+runs=3
+modes="none no-wake notify auto-busy auto-live"
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while (($#)); do
+  case $1 in
+    --clients) clients=${2:?}; shift 2 ;;
+    --seconds) seconds=${2:?}; shift 2 ;;
+    --runs) runs=${2:?}; shift 2 ;;
+    --modes) modes=${2:?}; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "producer_load.sh: unknown argument: $1" >&2; usage ;;
+  esac
+done
+outboxd=${OUTBOXD_BIN:-$root/build/outboxd}
+[[ -x $outboxd ]] || { echo "producer_load.sh: build first (scripts/build.sh)" >&2; exit 1; }
+pgbench=${PG_BINDIR:-/usr/lib/postgresql/15/bin}/pgbench
+
+source scripts/throwaway_pg.sh
+throwaway_dir dir outboxd-producer-load
+throwaway_pg_start "$dir/pg"
+url=$PG_URL
+relay_pid=
+stop_relay() {
+  [[ -n $relay_pid ]] || return 0
+  kill "$relay_pid" 2>/dev/null || true
+  wait "$relay_pid" 2>/dev/null || true
+  relay_pid=
+}
+on_exit stop_relay
+
+psql_q() { psql -X -q -v ON_ERROR_STOP=1 "$url" "$@"; }
+"$outboxd" migrate --database-url "$url" --schema outbox >/dev/null 2>&1
+psql_q -c "CREATE TABLE bench_orders (id bigserial PRIMARY KEY, amount integer NOT NULL, at timestamptz NOT NULL DEFAULT now())"
+
+cat > "$dir/none.sql" <<'EOF'
+\set amount random(1, 100000)
+BEGIN;
+INSERT INTO bench_orders (amount) VALUES (:amount);
+COMMIT;
+EOF
+cat > "$dir/outbox.sql" <<'EOF'
+\set amount random(1, 100000)
+BEGIN;
+INSERT INTO bench_orders (amount) VALUES (:amount);
+SELECT outbox.enqueue('order.created', jsonb_build_object('amount', :amount));
+COMMIT;
+EOF
+
+# Each mode: its database state, its script, whether a relay runs.
+set_up_mode() {
+  stop_relay
+  psql_q -c "TRUNCATE bench_orders, outbox.events, outbox.deliveries, outbox.relay_wake"
+  case $1 in
+    none|no-wake) "$outboxd" wake-trigger remove --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
+    *) "$outboxd" wake-trigger install --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
+  esac
+  case $1 in
+    notify) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', true, 'infinity')" ;;
+    auto-busy) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', false, 'infinity')" ;;
+    auto-live)
+      OUTBOXD_WAKE=auto "$outboxd" run --database-url "$url" --schema outbox --url stdout --log-level warn \
+        >/dev/null 2>"$dir/relay.log" &
+      relay_pid=$!
+      # Started: its LISTEN is up and it has declared itself.
+      for _ in $(seq 100); do
+        [[ $(psql_q -Atc "SELECT count(*) FROM outbox.relay_wake") == 1 ]] && break
+        sleep 0.1
+      done
+      ;;
+  esac
+  psql_q -c "CHECKPOINT"
+}
+
+# Warm-up: a new cluster creates (and zero-fills) its WAL segments as it
+# goes, which makes whatever runs first look slow; later runs recycle them.
+psql_q -c "ALTER SYSTEM SET min_wal_size = '1GB'" -c "SELECT pg_reload_conf()" >/dev/null
+"$pgbench" -n -f "$dir/outbox.sql" -c 8 -j 4 -T "$((seconds * 2))" "$url" >/dev/null 2>&1
+
+script_of() { [[ $1 == none ]] && echo "$dir/none.sql" || echo "$dir/outbox.sql"; }
+
+# Rounds: every mode and client count once per round, so that a slow spell
+# of the machine (other work, a disk busy elsewhere) falls on all modes
+# alike rather than on whichever mode ran then.
+declare -A rates median
+for ((r = 1; r <= runs; r++)); do
+  for c in $clients; do
+    for mode in $modes; do
+      set_up_mode "$mode"
+      tps=$("$pgbench" -n -f "$(script_of "$mode")" -c "$c" -j "$((c < 4 ? c : 4))" -T "$seconds" "$url" 2>&1 |
+        sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | head -1)
+      [[ -n $tps ]] || { echo "producer_load.sh: pgbench failed ($mode, $c clients)" >&2; exit 1; }
+      rates[$mode,$c]+="$tps "
+      echo "round $r c=$c $mode: $tps tps" >&2
+    done
+  done
+done
+for mode in $modes; do
+  for c in $clients; do
+    median[$mode,$c]=$(printf '%s\n' ${rates[$mode,$c]} | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  done
+done
+stop_relay
+
+header="| mode |"
+rule="|---|"
+for c in $clients; do header+=" $c conn |"; rule+="---:|"; done
+echo "$header"
+echo "$rule"
+for mode in $modes; do
+  line="| $mode |"
+  for c in $clients; do
+    m=${median[$mode,$c]}
+    if [[ -n ${median[no-wake,$c]:-} && $mode != no-wake ]]; then
+      line+=" $(printf '%.0f' "$m") ($(awk -v a="$m" -v b="${median[no-wake,$c]}" 'BEGIN {printf "%.2f", a / b}')×) |"
+    else
+      line+=" $(printf '%.0f' "$m") |"
+    fi
+  done
+  echo "$line"
+done
+echo
+echo "commits/s, median of $runs runs of ${seconds}s each; (×): ratio to no-wake; $(nproc) CPUs; $(date -u +%F)"

@@ -1,0 +1,224 @@
+#include "core/wake_policy.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "core/duration.hpp"
+#include "core/log.hpp"
+
+namespace outboxd {
+
+using namespace std::chrono_literals;
+
+wake_mode parse_wake_mode(const std::string& text) {
+    if (text == "auto") return wake_mode::automatic;
+    if (text == "notify") return wake_mode::notify;
+    if (text == "poll") return wake_mode::poll;
+    throw std::invalid_argument("unknown wake mode: " + text);  // the configuration checked it
+}
+
+wake_policy::actions wake_policy::started(time now) {
+    if (s_.mode == wake_mode::poll) {
+        start_polling(now);
+    } else {
+        refresh_at_ = now + s_.refresh_interval;
+    }
+    return {};
+}
+
+void wake_policy::start_polling(time now) {
+    polling_ = true;
+    poll_at_ = now + s_.poll_interval;
+}
+
+wake_policy::actions wake_policy::listening(time now) {
+    actions a;
+    if (!listens()) return a;
+    a.self_notify = true;
+    self_test_until_ = now + s_.self_test_timeout;
+    // Whatever it was before (nothing at startup, busy before the connection
+    // was lost), the relay declares itself idle now, exactly as when a busy
+    // spell ends: producers that read the old state and have not committed
+    // yet are watched.
+    busy_poll_at_.reset();
+    watch_at_.reset();
+    watching_.clear();
+    if (polling_) {
+        state_ = state::idle;
+        return a;
+    }
+    state_ = state::settling;
+    declared_idle_ = true;
+    a.declare = true;
+    a.read_in_progress = true;
+    return a;
+}
+
+wake_policy::actions wake_policy::notified(time now) {
+    actions a;
+    a.claim = true;
+    self_test_until_.reset();
+    if (polling_ && s_.mode != wake_mode::poll) {
+        log::info("notifications arrive again; no longer polling");
+        polling_ = false;
+        poll_at_.reset();
+        if (state_ == state::idle && !declared_idle_) {
+            declared_idle_ = true;
+            a.declare = true;
+        }
+    }
+    (void)now;
+    return a;
+}
+
+wake_policy::actions wake_policy::no_trigger(time now) {
+    actions a;
+    log::error("the events table has no wake-up trigger: producers notify nobody; claiming every poll_interval "
+               "(run `outboxd wake-trigger install`, or set relay.wake = \"poll\")",
+               {{"poll_interval", format_duration(s_.poll_interval)}});
+    start_polling(now);
+    if (declared_idle_) {
+        declared_idle_ = false;
+        a.declare = false;
+    }
+    return a;
+}
+
+wake_policy::actions wake_policy::become_busy(time now) {
+    actions a;
+    state_ = state::busy;
+    last_found_ = now;
+    watch_at_.reset();
+    watching_.clear();
+    declared_idle_ = false;
+    a.declare = false;
+    a.claim = true;
+    return a;
+}
+
+wake_policy::actions wake_policy::settle(time now) {
+    actions a;
+    (void)now;
+    state_ = state::settling;
+    busy_poll_at_.reset();
+    declared_idle_ = true;
+    a.declare = true;
+    a.read_in_progress = true;
+    return a;
+}
+
+wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) {
+    actions a;
+    if (s_.mode != wake_mode::automatic || polling_) return a;
+    if (now - window_start_ >= 100ms) {
+        window_start_ = now;
+        window_count_ = 0;
+    }
+    window_count_ += got;
+    switch (state_) {
+        case state::idle:
+        case state::watching:
+            if (window_count_ * 10 >= s_.busy_rate) return become_busy(now);
+            return a;
+        case state::settling:
+            return a;
+        case state::busy:
+            if (got > 0) {
+                last_found_ = now;
+                a.claim = !full;  // a full claim is followed at once anyway
+                return a;
+            }
+            if (now - last_found_ >= s_.idle_after) return settle(now);
+            busy_poll_at_ = now + s_.busy_poll;
+            return a;
+    }
+    return a;
+}
+
+wake_policy::actions wake_policy::declared(bool ok, time now) {
+    actions a;
+    if (ok || state_ != state::settling) return a;
+    // Producers may still think we are busy: stay busy, try again later.
+    state_ = state::busy;
+    declared_idle_ = false;
+    last_found_ = now;
+    busy_poll_at_ = now + s_.idle_after;
+    return a;
+}
+
+wake_policy::actions wake_policy::declared_idle(std::string xids, time now) {
+    actions a;
+    if (state_ != state::settling) return a;
+    transition_ = now;
+    a.claim_from_start = true;
+    watching_ = std::move(xids);
+    if (watching_.empty()) {
+        state_ = state::idle;
+    } else {
+        state_ = state::watching;
+        watch_at_ = now + s_.watch_interval;
+    }
+    return a;
+}
+
+wake_policy::actions wake_policy::watched(std::string remaining, time now) {
+    actions a;
+    watch_running_ = false;
+    if (state_ != state::watching) return a;
+    if (remaining != watching_) a.claim_from_start = true;  // one of them ended: its events are visible now
+    watching_ = std::move(remaining);
+    if (watching_.empty()) {
+        state_ = state::idle;
+        return a;
+    }
+    watch_at_ = now + (now - transition_ >= s_.watch_slow_after ? s_.watch_slow_interval : s_.watch_interval);
+    return a;
+}
+
+wake_policy::actions wake_policy::timer(time now) {
+    actions a;
+    if (self_test_until_ && *self_test_until_ <= now) {
+        self_test_until_.reset();
+        log::error("notifications do not arrive: LISTEN succeeded but our own test notification never came "
+                   "(a transaction pooler between outboxd and PostgreSQL?); claiming every poll_interval "
+                   "instead. Connect outboxd directly or through session pooling, or set relay.wake = \"poll\"",
+                   {{"poll_interval", format_duration(s_.poll_interval)}});
+        start_polling(now);
+        state_ = state::idle;
+        busy_poll_at_.reset();
+        watch_at_.reset();
+        watching_.clear();
+        if (declared_idle_) {
+            declared_idle_ = false;
+            a.declare = false;  // nobody hears them: producers should not pay for them
+        }
+    }
+    if (poll_at_ && *poll_at_ <= now) {
+        a.claim = true;
+        poll_at_ = now + s_.poll_interval;
+    }
+    if (refresh_at_ && *refresh_at_ <= now) {
+        refresh_at_ = now + s_.refresh_interval;
+        if (!a.declare && state_ != state::settling) a.declare = declared_idle_;
+    }
+    if (busy_poll_at_ && *busy_poll_at_ <= now) {
+        busy_poll_at_.reset();
+        a.claim = true;
+    }
+    if (watch_at_ && *watch_at_ <= now && !watch_running_) {
+        watch_at_.reset();
+        watch_running_ = true;
+        a.watch = true;
+    }
+    return a;
+}
+
+std::optional<wake_policy::time> wake_policy::next_timer() const {
+    std::optional<time> t;
+    for (const auto& c : {self_test_until_, poll_at_, refresh_at_, busy_poll_at_, watch_at_}) {
+        if (c && (!t || *c < *t)) t = c;
+    }
+    return t;
+}
+
+}  // namespace outboxd

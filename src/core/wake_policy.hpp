@@ -1,0 +1,124 @@
+#pragma once
+// When the relay claims without being told to, and what it tells producers
+// (README "Wake-up modes", sql/0008). No I/O, time only as inputs: the shell
+// (src/app/relay.cpp) feeds it what happened and does what it answers; every
+// claim it asks for goes through the engine's wake().
+//
+// Modes
+//   notify  LISTEN; the relay declares itself idle for good, so every
+//           producer's commit notifies.
+//   auto    LISTEN; idle while little comes in (producers notify), busy
+//           while events come in faster than busy_rate (producers do not
+//           notify; the relay claims back to back, and every busy_poll after
+//           a claim that found nothing).
+//   poll    no LISTEN, no declaration; a claim every poll_interval.
+//
+// auto: busy -> idle without losing a commit. A producer reads the
+// declaration when it inserts and may commit much later. After idle_after of
+// empty claims the relay declares itself idle and, once that is committed,
+// reads the transactions in progress (declared_idle): a producer that read
+// "busy" has either committed already (the claim that follows sees it) or is
+// among them. The relay watches them (every watch_interval, slower after
+// watch_slow_after) and claims from the start of the outbox each time one of
+// them ends. So an event whose producer raced the transition is claimed
+// within watch_interval of its commit (watch_slow_interval if it committed
+// more than watch_slow_after after the transition); any other event is
+// notified or found by a busy claim.
+//
+// The same happens after every LISTEN (at startup nothing was declared; after
+// a reconnect the relay may have been busy).
+//
+// Self-test (notify and auto): after every LISTEN the shell notifies the
+// channel from another connection. If nothing arrives within
+// self_test_timeout (behind a transaction pooler LISTEN "succeeds" and
+// nothing ever comes) the relay says so loudly, declares itself busy (no
+// producer pays for a notification nobody hears) and claims every
+// poll_interval until a notification does arrive.
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+
+namespace outboxd {
+
+enum class wake_mode { automatic, notify, poll };
+[[nodiscard]] wake_mode parse_wake_mode(const std::string& text);
+
+class wake_policy {
+public:
+    using time = std::chrono::steady_clock::time_point;
+    using ms = std::chrono::milliseconds;
+
+    struct settings {
+        wake_mode mode = wake_mode::automatic;
+        ms poll_interval{500};
+        ms refresh_interval{30'000};  // the declaration is renewed this often
+        ms self_test_timeout{2'000};
+        std::size_t busy_rate = 300;  // events per second
+        ms busy_poll{2};
+        ms idle_after{100};
+        ms watch_interval{10};
+        ms watch_slow_after{1'000};
+        ms watch_slow_interval{100};
+    };
+
+    // What the shell does now.
+    struct actions {
+        bool claim = false;             // engine wake()
+        bool claim_from_start = false;  // engine wake_from_start()
+        std::optional<bool> declare;    // declare_wake(idle = *declare)
+        bool read_in_progress = false;  // transactions_in_progress(), then declared_idle()
+        bool watch = false;             // still_in_progress(watched()), then watched()
+        bool self_notify = false;       // NOTIFY the channel from another connection
+    };
+
+    explicit wake_policy(settings s) : s_(s) {}
+
+    [[nodiscard]] bool listens() const noexcept { return s_.mode != wake_mode::poll; }
+
+    // ---- inputs ----
+    actions started(time now);                 // after the first drain began
+    actions listening(time now);               // LISTEN is (again) active
+    actions notified(time now);                // a notification arrived
+    actions no_trigger(time now);              // producers' inserts notify nobody
+    actions claimed(std::size_t got, bool full, time now);
+    actions declared(bool ok, time now);       // a declare_wake came back
+    actions declared_idle(std::string xids, time now);
+    actions watched(std::string remaining, time now);
+    actions timer(time now);                   // at next_timer()
+
+    // When timer() is due next; nullopt: nothing to wait for.
+    [[nodiscard]] std::optional<time> next_timer() const;
+    [[nodiscard]] const std::string& in_progress() const noexcept { return watching_; }
+    // Observers (tests, logs).
+    [[nodiscard]] bool busy() const noexcept { return state_ == state::busy; }
+    [[nodiscard]] bool polling() const noexcept { return polling_; }
+    [[nodiscard]] bool declared_idle_now() const noexcept { return declared_idle_; }
+
+private:
+    enum class state { idle, busy, settling, watching };
+
+    actions become_busy(time now);
+    actions settle(time now);
+    void start_polling(time now);
+
+    settings s_;
+    state state_ = state::idle;
+    bool declared_idle_ = false;      // what the database was last told
+    bool polling_ = false;            // claims every poll_interval
+    std::optional<time> poll_at_;
+    std::optional<time> self_test_until_;
+    std::optional<time> refresh_at_;
+    std::optional<time> busy_poll_at_;
+    std::optional<time> watch_at_;
+    time last_found_{};               // busy: the last claim that found something
+    time transition_{};               // when the relay declared itself idle
+    std::string watching_;            // xids, comma-separated
+    bool watch_running_ = false;
+    // events claimed in the current rate window
+    time window_start_{};
+    std::size_t window_count_ = 0;
+};
+
+}  // namespace outboxd

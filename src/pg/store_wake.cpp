@@ -1,0 +1,60 @@
+// The relay's wake-up bookkeeping (sql/0008). Unprepared statements: they
+// run at most a few times a second, and poll mode must work behind a
+// transaction pooler that keeps no prepared statements.
+#include <pqxx/pqxx>
+
+#include "pg/store.hpp"
+#include "pg/typed_query.hpp"
+
+namespace outboxd::pg {
+
+void store::declare_wake(bool idle, std::chrono::milliseconds valid) {
+    session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        (void)exec_params(tx, queries_,
+                          q::declare_wake::args{.owner = owner_, .idle = idle,
+                                                .valid_ms = static_cast<long long>(valid.count())});
+    });
+}
+
+void store::forget_wake() {
+    session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        (void)exec_params(tx, queries_, q::forget_wake::args{.owner = owner_});
+    });
+}
+
+std::string store::transactions_in_progress() {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec<q::transactions_in_progress>(tx, queries_).one()[q::transactions_in_progress::col::xids]
+            .as<std::string>();
+    });
+}
+
+std::string store::still_in_progress(const std::string& xids) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_, q::still_in_progress::args{.xids = xids})
+            .one()[q::still_in_progress::col::xids]
+            .as<std::string>();
+    });
+}
+
+void store::notify(const std::string& channel) {
+    session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        (void)exec_params(tx, queries_, q::notify_channel::args{.channel = channel});
+    });
+}
+
+bool store::wake_trigger_installed() {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_, q::wake_trigger_installed::args{.schema = schema_})
+                   .one()[q::wake_trigger_installed::col::triggers]
+                   .as<long long>() > 0;
+    });
+}
+
+}  // namespace outboxd::pg

@@ -1,0 +1,242 @@
+"""Wake-up modes (README "Wake-up modes", issue 13): poll mode through a real
+PgBouncer in transaction pooling, the NOTIFY self-test that notices a pooler
+swallowing notifications, and the auto mode's busy -> idle transition raced by
+a producer that read "busy" and commits after it. The sweep is an hour away in
+every test here: a prompt delivery can only come from the wake-up under test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from urllib.parse import urlparse
+
+import psycopg2
+import pytest
+
+from helpers import wait_delivered, wait_until
+
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def pgbouncer(database_url):
+    """A PgBouncer in transaction pooling mode in front of the test database,
+    two server connections per database and user (so a client's transactions
+    land on different server connections). Yields its URL."""
+    if not os.path.exists(PGBOUNCER):
+        pytest.fail("pgbouncer is not installed (scripts/deps.sh installs it)", pytrace=False)
+    u = urlparse(database_url)
+    d = tempfile.mkdtemp(prefix="outboxd-pgbouncer-", dir="/tmp")
+    os.chmod(d, 0o755)
+    port = _free_port()
+    user = u.username or "postgres"
+    with open(os.path.join(d, "users.txt"), "w") as f:
+        f.write(f'"{user}" ""\n')
+    with open(os.path.join(d, "pgbouncer.ini"), "w") as f:
+        f.write(f"""[databases]
+* = host={u.hostname or '127.0.0.1'} port={u.port or 5432}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {d}/users.txt
+pool_mode = transaction
+default_pool_size = 2
+max_client_conn = 100
+ignore_startup_parameters = extra_float_digits,options
+logfile = {d}/pgbouncer.log
+pidfile = {d}/pgbouncer.pid
+""")
+    for name in os.listdir(d):
+        os.chmod(os.path.join(d, name), 0o644)
+    argv = [PGBOUNCER, os.path.join(d, "pgbouncer.ini")]
+    if os.geteuid() == 0:
+        argv[1:1] = ["-u", "postgres"]  # it refuses to run as root
+        shutil.chown(d, "postgres")  # its log and pid file
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"postgresql://{user}@127.0.0.1:{port}{u.path or '/postgres'}"
+
+    def up():
+        try:
+            psycopg2.connect(url, connect_timeout=2).close()
+            return True
+        except psycopg2.Error:
+            return False
+    try:
+        assert wait_until(up, 10), f"pgbouncer did not come up: {proc.stderr.read1().decode() if proc.poll() is not None else ''}"
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _remove_trigger(outboxd, db):
+    r = outboxd("wake-trigger", "remove", "--database-url", db.url, "--schema", db.schema)
+    assert r.rc == 0, r.output()
+    assert db.scalar("SELECT count(*) FROM pg_trigger WHERE tgname IN ('events_notify', 'deliveries_notify') "
+                     "AND tgrelid::regclass::text LIKE %s", (f"%{db.schema}%",)) == 0
+
+
+def test_wake_trigger_remove_and_install_round_trip(outboxd, db):
+    _remove_trigger(outboxd, db)
+    r = outboxd("wake-trigger", "install", "--database-url", db.url, "--schema", db.schema)
+    assert r.rc == 0, r.output()
+    assert db.scalar("SELECT count(*) FROM pg_trigger WHERE tgname IN ('events_notify', 'deliveries_notify') "
+                     "AND tgrelid::regclass::text LIKE %s", (f"%{db.schema}%",)) == 2
+    # Twice is fine.
+    assert outboxd("wake-trigger", "install", "--database-url", db.url, "--schema", db.schema).rc == 0
+
+
+def test_poll_mode_through_pgbouncer_transaction_pooling_claims_delivers_and_acknowledges(
+        outboxd, db, pgbouncer, receiver, relay):
+    _remove_trigger(outboxd, db)
+    r = relay(receiver, "--wake", "poll", "--poll-interval", "100ms", "--sweep-interval", "1h",
+              "--database-transaction-pooling", database_url=pgbouncer,
+              env={"OUTBOXD_LIVE_LEASES": "false"})
+    ids = [db.enqueue("t", {"n": i}) for i in range(30)]
+    assert wait_delivered(receiver, ids, timeout=15), r.log()
+    # Acknowledged: the outcomes were written through the pooler too.
+    assert db.wait_empty(10), (db.events(), r.log())
+    later = db.enqueue("t", {"n": "later"})
+    assert wait_delivered(receiver, [later], timeout=5), r.log()
+    assert db.wait_empty(5), r.log()
+    assert "prepared statement" not in r.log()
+    assert r.alive()
+    # Nothing of the relay's session leaked into the pool's server connections,
+    # which the application's transactions get next (synchronous_commit = off
+    # would make their commits asynchronous). Both server connections at once.
+    apps = [psycopg2.connect(pgbouncer) for _ in range(2)]
+    try:
+        seen = []
+        for a in apps:
+            cur = a.cursor()
+            cur.execute("SELECT pg_backend_pid(), array(SELECT name || '=' || setting FROM pg_settings "
+                        "WHERE source = 'session' AND name = ANY (%s) ORDER BY name)",
+                        (["synchronous_commit", "plan_cache_mode", "statement_timeout",
+                          "idle_in_transaction_session_timeout", "enable_seqscan", "enable_bitmapscan"],))
+            seen.append(cur.fetchone())
+        assert len({pid for pid, _ in seen}) == 2, seen
+        assert all(not settings for _, settings in seen), f"the relay's settings leaked: {seen}"
+    finally:
+        for a in apps:
+            a.close()
+
+
+def test_notify_behind_a_transaction_pooler_fails_its_self_test_loudly_and_polls(
+        outboxd, db, pgbouncer, receiver, relay):
+    r = relay(receiver, "--wake", "notify", "--poll-interval", "200ms", "--sweep-interval", "1h",
+              "--database-transaction-pooling", database_url=pgbouncer,
+              env={"OUTBOXD_LIVE_LEASES": "false"})
+    assert wait_until(lambda: "notifications do not arrive" in r.log(), 10), r.log()
+    assert "level=error" in next(line for line in r.log().splitlines() if "notifications do not arrive" in line)
+    # Producers are no longer asked to notify (nobody would hear it).
+    assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.relay_wake WHERE idle") == 0, 5)
+    started = time.monotonic()
+    e = db.enqueue("t", {"n": 1})
+    assert wait_delivered(receiver, [e], timeout=5), r.log()
+    assert time.monotonic() - started < 2, "delivered by the sweep, not by polling"
+
+
+def test_notify_self_test_passes_on_a_direct_connection(db, receiver, relay):
+    r = relay(receiver, "--wake", "notify", "--sweep-interval", "1h")
+    assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.relay_wake WHERE idle") == 1, 10), r.log()
+    e = db.enqueue("t", {"n": 1})
+    assert wait_delivered(receiver, [e], timeout=5), r.log()
+    time.sleep(2.5)  # past the self-test's deadline (creates the situation; nothing waits on it)
+    assert "notifications do not arrive" not in r.log()
+
+
+def _relay_state(db):
+    rows = db.query("SELECT idle FROM {s}.relay_wake")
+    return None if not rows else rows[0]["idle"]
+
+
+def test_auto_mode_catches_a_commit_that_read_busy_and_committed_after_the_relay_went_idle(
+        database_url, db, receiver, relay):
+    """A producer inserts while the relay is declared busy (its trigger does not
+    notify), stays open across the relay's busy -> idle transition, and commits
+    afterwards. Nothing notifies and the sweep is an hour away: only the
+    relay's watch of the transactions in progress at its transition finds it."""
+    r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
+    assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
+    for attempt in range(5):
+        # Load: a burst far above the busy rate makes the relay declare itself busy.
+        burst = db.connect()
+        for i in range(400):
+            db.enqueue("t", {"burst": i}, conn=burst, commit=False)
+        burst.commit()
+        if not wait_until(lambda: _relay_state(db) is False, 5):
+            continue
+        producer = db.connect()
+        raced = db.enqueue("t", {"raced": True}, conn=producer, commit=False)
+        # Read after the insert: the relay was busy when the trigger read it.
+        if _relay_state(db) is not False:
+            producer.rollback()
+            continue
+        # The relay drains the burst, finds nothing, declares itself idle.
+        assert wait_until(lambda: _relay_state(db) is True, 15), r.log()
+        time.sleep(0.3)  # the producer stays open across the transition (creates the race)
+        producer.commit()
+        committed = time.monotonic()
+        assert wait_delivered(receiver, [raced], timeout=5), r.log()
+        delay = time.monotonic() - committed
+        assert delay < 1.0, f"the raced event took {delay:.2f}s after its commit"
+        return
+    pytest.fail("could not get the relay declared busy at the producer's insert")
+
+
+def test_the_trigger_notifies_only_while_a_relay_is_declared_idle_and_its_declaration_is_valid(db, database_url):
+    listener = psycopg2.connect(database_url)
+    listener.autocommit = True
+    channel = '"' + ("outboxd." + db.schema).replace('"', '""') + '"'
+    listener.cursor().execute(f"LISTEN {channel}")
+
+    def notified_by_an_insert() -> bool:
+        listener.poll()
+        listener.notifies.clear()
+        db.enqueue("t", {"n": 1})
+        # A notification is sent at commit, before the commit returns: by the
+        # time it is read here it is on its way; the wait only reads it.
+        return bool(wait_until(lambda: (listener.poll(), listener.notifies)[1], 0.5))
+
+    try:
+        assert not notified_by_an_insert(), "notified with no relay at all"
+        db.query("INSERT INTO {s}.relay_wake (owner, idle, until) VALUES ('busy', false, now() + interval '1 hour')")
+        assert not notified_by_an_insert(), "notified while the only relay is busy"
+        db.query("INSERT INTO {s}.relay_wake (owner, idle, until) VALUES ('stale', true, now() - interval '1 second')")
+        assert not notified_by_an_insert(), "notified for a relay whose declaration ran out"
+        db.query("INSERT INTO {s}.relay_wake (owner, idle, until) VALUES ('idle', true, now() + interval '1 hour')")
+        assert notified_by_an_insert(), "not notified while a relay is idle"
+    finally:
+        listener.close()
+
+
+def test_transaction_pooling_with_live_leases_is_refused_at_start(db, receiver, relay):
+    r = relay(receiver, "--wake", "poll", "--database-transaction-pooling")
+    assert r.wait(10) == 2, r.log()
+    assert "database.transaction_pooling needs relay.live_leases = false" in r.log()
+
+
+def test_a_dead_relays_declaration_is_deleted_an_hour_after_it_ran_out(db, receiver, relay):
+    db.query("INSERT INTO {s}.relay_wake (owner, idle, until) VALUES "
+             "('dead-long-ago', true, now() - interval '2 hours'), ('dead-just-now', true, now() - interval '1 minute')")
+    r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h")
+    assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.relay_wake WHERE owner LIKE 'dead%%'") == 1, 10), \
+        (db.query("SELECT * FROM {s}.relay_wake"), r.log())
+    assert db.scalar("SELECT owner FROM {s}.relay_wake WHERE owner LIKE 'dead%%'") == "dead-just-now"

@@ -1,0 +1,145 @@
+#include "core/wake_policy.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+
+using outboxd::wake_mode;
+using outboxd::wake_policy;
+using namespace std::chrono_literals;
+
+namespace {
+
+wake_policy::settings auto_settings() {
+    wake_policy::settings s;
+    s.mode = wake_mode::automatic;
+    return s;
+}
+
+const wake_policy::time t0{};
+
+// Started and listening, declared idle with nothing in progress.
+wake_policy idle_relay() {
+    wake_policy w(auto_settings());
+    (void)w.started(t0);
+    (void)w.listening(t0);
+    (void)w.declared_idle("", t0);
+    (void)w.notified(t0);  // the self-test came back
+    return w;
+}
+
+}  // namespace
+
+TEST_CASE("wake policy: LISTEN declares the relay idle, then reads what is in progress and watches it") {
+    wake_policy w(auto_settings());
+    (void)w.started(t0);
+    const auto a = w.listening(t0);
+    CHECK(a.self_notify);
+    REQUIRE(a.declare);
+    CHECK(*a.declare);
+    CHECK(a.read_in_progress);
+    const auto b = w.declared_idle("101,102", t0 + 1ms);
+    CHECK(b.claim_from_start);
+    REQUIRE(w.next_timer());
+    CHECK(*w.next_timer() == t0 + 1ms + 10ms);
+    const auto c = w.timer(t0 + 11ms);
+    CHECK(c.watch);
+    CHECK(w.in_progress() == "101,102");
+    // Nothing ended: no claim; one ended: a claim from the start.
+    CHECK_FALSE(w.watched("101,102", t0 + 12ms).claim_from_start);
+    (void)w.timer(t0 + 22ms);
+    CHECK(w.watched("102", t0 + 23ms).claim_from_start);
+    (void)w.timer(t0 + 33ms);
+    CHECK(w.watched("", t0 + 34ms).claim_from_start);
+    CHECK(w.in_progress().empty());
+}
+
+TEST_CASE("wake policy: a busy relay declares itself busy and claims back to back") {
+    auto w = idle_relay();
+    CHECK_FALSE(w.claimed(10, false, t0 + 1ms).declare);  // 10 in 100 ms: under 300/s
+    const auto a = w.claimed(25, false, t0 + 2ms);      // 35: over
+    REQUIRE(a.declare);
+    CHECK_FALSE(*a.declare);
+    CHECK(a.claim);
+    CHECK(w.busy());
+    CHECK(w.claimed(3, false, t0 + 3ms).claim);         // found some: at once again
+    CHECK_FALSE(w.claimed(8, true, t0 + 4ms).claim);    // full: the engine goes on by itself
+    // Found nothing: again after busy_poll, until idle_after has passed.
+    const auto b = w.claimed(0, false, t0 + 5ms);
+    CHECK_FALSE(b.claim);
+    CHECK(*w.next_timer() == t0 + 7ms);
+    CHECK(w.timer(t0 + 7ms).claim);
+    const auto c = w.claimed(0, false, t0 + 105ms);
+    REQUIRE(c.declare);
+    CHECK(*c.declare);
+    CHECK(c.read_in_progress);
+    CHECK_FALSE(w.busy());
+}
+
+TEST_CASE("wake policy: a failed idle declaration keeps the relay busy and tries again") {
+    auto w = idle_relay();
+    (void)w.claimed(40, false, t0 + 1ms);
+    (void)w.claimed(0, false, t0 + 200ms);  // settling
+    (void)w.declared(false, t0 + 201ms);
+    CHECK(w.busy());
+    CHECK(w.timer(t0 + 301ms).claim);
+}
+
+TEST_CASE("wake policy: the watch slows down after a second") {
+    auto w = idle_relay();
+    (void)w.claimed(40, false, t0 + 1ms);
+    (void)w.claimed(0, false, t0 + 200ms);
+    (void)w.declared_idle("7", t0 + 200ms);
+    (void)w.timer(t0 + 210ms);
+    (void)w.watched("7", t0 + 1300ms);
+    CHECK(*w.next_timer() == t0 + 1400ms);
+}
+
+TEST_CASE("wake policy: no notification after LISTEN: polling, declared busy, until one arrives") {
+    wake_policy w(auto_settings());
+    (void)w.started(t0);
+    (void)w.listening(t0);
+    (void)w.declared_idle("", t0);
+    const auto a = w.timer(t0 + 2s);
+    CHECK(w.polling());
+    REQUIRE(a.declare);
+    CHECK_FALSE(*a.declare);
+    CHECK(*w.next_timer() == t0 + 2s + 500ms);
+    CHECK(w.timer(t0 + 2500ms).claim);
+    // Polling: claims do not make it busy.
+    CHECK_FALSE(w.claimed(500, false, t0 + 2501ms).declare);
+    const auto b = w.notified(t0 + 3s);
+    CHECK_FALSE(w.polling());
+    REQUIRE(b.declare);
+    CHECK(*b.declare);
+}
+
+TEST_CASE("wake policy: poll mode claims every poll_interval and never listens or declares") {
+    wake_policy::settings s;
+    s.mode = wake_mode::poll;
+    s.poll_interval = 100ms;
+    wake_policy w(s);
+    CHECK_FALSE(w.listens());
+    (void)w.started(t0);
+    CHECK(*w.next_timer() == t0 + 100ms);
+    const auto a = w.timer(t0 + 100ms);
+    CHECK(a.claim);
+    CHECK_FALSE(a.declare);
+    CHECK(*w.next_timer() == t0 + 200ms);
+}
+
+TEST_CASE("wake policy: notify mode stays declared idle however much comes in, and refreshes it") {
+    wake_policy::settings s;
+    s.mode = wake_mode::notify;
+    s.refresh_interval = 30s;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.listening(t0);
+    (void)w.declared_idle("", t0);
+    (void)w.notified(t0);
+    CHECK_FALSE(w.claimed(1000, true, t0 + 1ms).declare);
+    CHECK_FALSE(w.busy());
+    const auto a = w.timer(t0 + 30s);
+    REQUIRE(a.declare);
+    CHECK(*a.declare);
+}
