@@ -31,6 +31,7 @@
 #include "core/relay_engine.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
+#include "nats/subject.hpp"
 #include "pg/listener.hpp"
 #include "pg/store.hpp"
 
@@ -108,8 +109,9 @@ public:
                   net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_)} {
         for (const auto& d : cfg_.destinations) {
             try {
-                sinks_.push_back(d.kind == transport::stdout_lines
-                                     ? make_stdout_sink(ioc_)
+                sinks_.push_back(d.kind == transport::stdout_lines ? make_stdout_sink(ioc_)
+                                 : d.kind == transport::nats
+                                     ? make_nats_sink(ioc_, d)
                                      : make_webhook_sink(ioc_, d, cfg_.block_private_addresses));
             } catch (const std::invalid_argument& e) {
                 throw fatal_error(exit_usage, fmt::format("destination {}: {}", d.name, e.what()));
@@ -182,6 +184,7 @@ private:
 
     static std::string describe(const destination_config& d) {
         if (d.kind == transport::stdout_lines) return "stdout";
+        if (d.kind == transport::nats) return nats::loggable_servers(d.nats.servers);
         return loggable_url(d.url);
     }
 
