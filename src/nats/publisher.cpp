@@ -192,7 +192,6 @@ publisher::publisher(net::io_context& ioc, publisher_options options) : core_(st
     // events meanwhile, and the circuit breaker paces the attempts.
     check(natsOptions_SetMaxReconnect(opts.o, -1), "NATS reconnects");
     check(natsOptions_SetReconnectWait(opts.o, 250), "NATS reconnect wait");
-    check(natsOptions_SetRetryOnFailedConnect(opts.o, true, on_reconnected, l), "NATS connect retry");
     check(natsOptions_SetDisconnectedCB(opts.o, on_disconnected, l), "NATS callbacks");
     check(natsOptions_SetReconnectedCB(opts.o, on_reconnected, l), "NATS callbacks");
     check(natsOptions_SetErrorHandler(opts.o, on_async_error, l), "NATS callbacks");
@@ -214,8 +213,17 @@ publisher::publisher(net::io_context& ioc, publisher_options options) : core_(st
     l->inbox = reinterpret_cast<const char*>(inbox);
     natsInbox_Destroy(inbox);
 
-    const auto s = natsConnection_Connect(&l->connection, opts.o);
-    // Not yet connected: the client keeps trying in the background.
+    // One attempt now, so the first claims find the connection up; if no
+    // server answers, the client keeps trying in the background (publishes
+    // fail fast meanwhile) and the relay starts anyway, as it does when a
+    // webhook endpoint is down.
+    auto s = natsConnection_Connect(&l->connection, opts.o);
+    if (s == NATS_NO_SERVER || s == NATS_TIMEOUT) {
+        log::warn("no NATS server reachable yet; connecting in the background",
+                  {{"destination", l->destination}, {"servers", loggable_servers(options.servers)}});
+        check(natsOptions_SetRetryOnFailedConnect(opts.o, true, on_reconnected, l), "NATS connect retry");
+        s = natsConnection_Connect(&l->connection, opts.o);
+    }
     if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) check(s, "NATS connect");
     check(natsConnection_Subscribe(&l->replies, l->connection, (l->inbox + ".*").c_str(), on_reply, l),
           "NATS reply subscription");

@@ -148,12 +148,12 @@ class Client:
     def stream_info(self, name: str) -> dict:
         return self.api(f"STREAM.INFO.{name}")
 
-    def stream_messages(self, name: str) -> list:
-        """Every message of the stream, in stream order: dicts with seq,
-        subject, headers (dict), data (bytes)."""
+    def stream_messages(self, name: str, from_seq: int = 1) -> list:
+        """Every message of the stream from `from_seq` on, in stream order:
+        dicts with seq, subject, headers (dict), data (bytes)."""
         state = self.stream_info(name)["state"]
         out = []
-        for seq in range(state["first_seq"], state["last_seq"] + 1):
+        for seq in range(max(from_seq, state["first_seq"]), state["last_seq"] + 1):
             try:
                 m = self.api(f"STREAM.MSG.GET.{name}", {"seq": seq})["message"]
             except NatsError as e:

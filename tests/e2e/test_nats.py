@@ -21,6 +21,7 @@ import time
 from collections import defaultdict
 
 import pytest
+from psycopg2 import sql as psql
 
 from helpers import wait_until
 from nats_support import Client, Server, cluster, published_by, wait_jetstream_ready
@@ -139,3 +140,102 @@ def test_nats_redelivery_of_an_acknowledged_event_is_dropped_by_jetstream(db, re
     assert wait_until(lambda: published_by([nats_server], CONN_NAME) >= 100, 5), \
         f"outboxd published {published_by([nats_server], CONN_NAME)} messages, expected 100"
     check_once_and_in_order(db, client, rows)
+
+
+def test_nats_kill_9_mid_run_and_restart_every_event_in_the_stream_exactly_once(db, relay, nats_server, tmp_path):
+    client = Client(nats_server.port)
+    client.create_stream(STREAM, ["events.>"])
+    n = 3000
+    rows = enqueue_many(db, n, keys=20)
+    config = write_config(tmp_path, nats_server.url, relay='lease = "3s"\nconcurrency = 64',
+                          extra='request_timeout = "1s"\nconnect_timeout = "200ms"')
+    a = relay(None, "--config", config)
+    assert wait_until(lambda: client.stream_info(STREAM)["state"]["messages"] >= n // 4, 15), \
+        "the relay never got going"
+
+    # The moment that makes duplicates: JetStream has acknowledged events
+    # whose outcome the relay has not recorded yet. Holding the row locks of
+    # what it has claimed stretches that moment until the kill.
+    locker = db.connect()
+    with locker.cursor() as cur:
+        held = set()
+        for table, column in (("events", "id"), ("deliveries", "event_id")):
+            cur.execute(psql.SQL("SELECT {} FROM {}.{} WHERE lease_owner IS NOT NULL FOR UPDATE")
+                        .format(psql.Identifier(column), psql.Identifier(db.schema), psql.Identifier(table)))
+            held |= {db.message_id(r[0]) for r in cur.fetchall()}
+    assert held, "the relay held no claimed events"
+    assert wait_until(lambda: any(m["headers"].get("Nats-Msg-Id") in held
+                                  for m in client.stream_messages(STREAM)), 10, interval=0.3), \
+        "no claimed event was acknowledged while its outcome waited"
+    a.kill()
+    locker.rollback()
+    assert db.count_events() > 0, "everything was delivered before the kill: make the run longer"
+
+    relay(None, "--config", config)
+    assert db.wait_empty(timeout=20), f"{db.count_events()} events still in the outbox"
+    check_once_and_in_order(db, client, rows)
+    # The killed relay's unrecorded acknowledgements were published again,
+    # and JetStream dropped them: more publishes than messages.
+    published = published_by([nats_server], CONN_NAME)
+    assert published > n, f"no event was published twice ({published} publishes): the kill proved nothing"
+
+
+def test_nats_no_server_or_no_stream_keeps_events_until_they_can_be_stored(db, relay, tmp_path):
+    server = Server(tmp_path / "js", "late", tmp_path / "nats.log")
+    config = write_config(tmp_path, server.url, extra='circuit = { longest_probe = "200ms" }')
+    relay(None, "--config", config)
+    enqueue_many(db, 10)
+
+    def errors():
+        return [r["last_error"] for r in db.query("SELECT last_error FROM {s}.deliveries")]
+
+    # No server: failed attempts, kept for a retry.
+    assert wait_until(lambda: any("not connected to NATS" in (e or "") for e in errors()), 10), errors()
+
+    # A server, but no stream on the subject: JetStream does not answer.
+    server.start()
+    assert wait_until(lambda: any("no JetStream stream captures subject events.orders.created (no responders)"
+                                  in (e or "") for e in errors()), 15), errors()
+    assert db.count_events() == 10
+
+    client = Client(server.port)
+    client.create_stream(STREAM, ["events.>"])
+    try:
+        assert db.wait_empty(timeout=15), f"{db.count_events()} events still in the outbox"
+        assert client.stream_info(STREAM)["state"]["messages"] == 10
+    finally:
+        server.stop()
+
+
+def test_nats_cluster_killing_the_stream_leader_mid_run_loses_nothing(db, relay, nats_cluster, tmp_path):
+    client = Client(nats_cluster[0].port)
+    info = client.create_stream(STREAM, ["events.>"], replicas=3)
+    assert info["config"]["num_replicas"] == 3
+    assert wait_until(lambda: client.stream_info(STREAM).get("cluster", {}).get("leader"), 10)
+    servers = ",".join(s.url for s in nats_cluster)
+    config = write_config(tmp_path, servers, extra='circuit = { longest_probe = "500ms" }',
+                          relay="concurrency = 64")
+    n = 4000
+    rows = enqueue_many(db, n, keys=20)
+    relay(None, "--config", config)
+    assert wait_until(lambda: client.stream_info(STREAM)["state"]["messages"] >= n // 4, 15), \
+        "the relay never got going"
+    leader = client.stream_info(STREAM)["cluster"]["leader"]
+    victim = next(s for s in nats_cluster if s.name == leader)
+    client.close()
+    victim.kill()
+    assert db.count_events() > 0, "everything was delivered before the leader died: make the run longer"
+    survivor = next(s for s in nats_cluster if s is not victim)
+    client = Client(survivor.port)
+    assert wait_until(lambda: _leader(client) not in (None, leader), 15), "no new stream leader"
+
+    assert db.wait_empty(timeout=20), f"{db.count_events()} events still in the outbox"
+    check_once_and_in_order(db, client, rows)
+    assert client.stream_info(STREAM)["cluster"]["leader"] != leader
+
+
+def _leader(client):
+    try:
+        return client.stream_info(STREAM).get("cluster", {}).get("leader")
+    except Exception:
+        return None
