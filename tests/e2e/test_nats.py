@@ -23,8 +23,9 @@ from collections import defaultdict
 import pytest
 from psycopg2 import sql as psql
 
+from conftest import TEST_APP
 from helpers import wait_until
-from nats_support import Client, Server, cluster, published_by, wait_jetstream_ready
+from nats_support import Client, NatsError, Server, cluster, published_by, wait_jetstream_ready
 
 STREAM = "EVENTS"
 CONN_NAME = "outboxd stream"  # the relay's connection name: "outboxd <destination>"
@@ -157,17 +158,30 @@ def test_nats_kill_9_mid_run_and_restart_every_event_in_the_stream_exactly_once(
     # whose outcome the relay has not recorded yet. Holding the row locks of
     # what it has claimed stretches that moment until the kill.
     locker = db.connect()
-    with locker.cursor() as cur:
+
+    def lock_claimed():
         held = set()
-        for table, column in (("events", "id"), ("deliveries", "event_id")):
-            cur.execute(psql.SQL("SELECT {} FROM {}.{} WHERE lease_owner IS NOT NULL FOR UPDATE")
-                        .format(psql.Identifier(column), psql.Identifier(db.schema), psql.Identifier(table)))
-            held |= {db.message_id(r[0]) for r in cur.fetchall()}
-    assert held, "the relay held no claimed events"
+        with locker.cursor() as cur:
+            for table, column in (("events", "id"), ("deliveries", "event_id")):
+                cur.execute(psql.SQL("SELECT {} FROM {}.{} WHERE lease_owner IS NOT NULL FOR UPDATE")
+                            .format(psql.Identifier(column), psql.Identifier(db.schema), psql.Identifier(table)))
+                held |= {r[0] for r in cur.fetchall()}
+        if not held:
+            locker.rollback()
+        return held
+
+    held = wait_until(lock_claimed, 10, interval=0.005)
+    assert held, "the relay never held claimed events"
+    held = {db.message_id(i) for i in held}
     assert wait_until(lambda: any(m["headers"].get("Nats-Msg-Id") in held
                                   for m in client.stream_messages(STREAM)), 10, interval=0.3), \
         "no claimed event was acknowledged while its outcome waited"
     a.kill()
+    # Its outcome statement, still waiting for our lock, must not commit
+    # after the relay died: end its sessions before letting go.
+    db.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+             "AND datname = current_database() AND pid <> pg_backend_pid() AND application_name <> %s "
+             "AND strpos(query, %s) > 0", (TEST_APP, db.schema))
     locker.rollback()
     assert db.count_events() > 0, "everything was delivered before the kill: make the run longer"
 
@@ -209,7 +223,17 @@ def test_nats_no_server_or_no_stream_keeps_events_until_they_can_be_stored(db, r
 
 def test_nats_cluster_killing_the_stream_leader_mid_run_loses_nothing(db, relay, nats_cluster, tmp_path):
     client = Client(nats_cluster[0].port)
-    info = client.create_stream(STREAM, ["events.>"], replicas=3)
+
+    def create():
+        try:
+            return client.create_stream(STREAM, ["events.>"], replicas=3)
+        except NatsError as e:  # until the meta leader knows every peer
+            if "no suitable peers" not in str(e):
+                raise
+            return None
+
+    info = wait_until(create, 15, interval=0.2)
+    assert info, "the cluster never placed a stream of three replicas"
     assert info["config"]["num_replicas"] == 3
     assert wait_until(lambda: client.stream_info(STREAM).get("cluster", {}).get("leader"), 10)
     servers = ",".join(s.url for s in nats_cluster)
