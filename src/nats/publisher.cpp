@@ -107,8 +107,17 @@ struct publisher::core : std::enable_shared_from_this<publisher::core> {
 // link is never freed (one per destination, for the process's life); once
 // `open` is false under the mutex, it posts nothing more to the io_context.
 struct publisher::link {
+    struct answer {
+        std::uint64_t id;
+        std::string reply;
+        bool no_responders;
+    };
     std::mutex mutex;
     bool open = true;
+    // Answers not yet taken by the io_context: one post carries all that
+    // arrive meanwhile, so a busy relay wakes once per batch, not per ack.
+    std::vector<answer> answers;
+    bool drain_posted = false;
     net::io_context* ioc = nullptr;
     std::weak_ptr<publisher::core> core;
     std::string destination;
@@ -137,8 +146,19 @@ void on_reply(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
     if (parsed.ec != std::errc{}) return;
     const std::lock_guard lock(l->mutex);
     if (!l->open) return;
-    net::post(*l->ioc, [core = l->core, id, reply = std::move(reply), no_responders] {
-        if (auto c = core.lock()) c->answered(id, reply, no_responders);
+    l->answers.push_back({id, std::move(reply), no_responders});
+    if (l->drain_posted) return;
+    l->drain_posted = true;
+    net::post(*l->ioc, [l, core = l->core] {
+        std::vector<publisher::link::answer> batch;
+        {
+            const std::lock_guard lock(l->mutex);
+            batch.swap(l->answers);
+            l->drain_posted = false;
+        }
+        if (auto c = core.lock()) {
+            for (const auto& a : batch) c->answered(a.id, a.reply, a.no_responders);
+        }
     });
 }
 
@@ -149,7 +169,11 @@ std::string connected_url(natsConnection* nc) {
 }
 
 void on_disconnected(natsConnection*, void* closure) {
-    const auto* l = static_cast<publisher::link*>(closure);
+    auto* l = static_cast<publisher::link*>(closure);
+    {
+        const std::lock_guard lock(l->mutex);
+        if (!l->open) return;  // our own close()
+    }
     log::warn("NATS connection lost; reconnecting (publishes fail until it is back)", {{"destination", l->destination}});
 }
 
@@ -192,6 +216,10 @@ publisher::publisher(net::io_context& ioc, publisher_options options) : core_(st
     // events meanwhile, and the circuit breaker paces the attempts.
     check(natsOptions_SetMaxReconnect(opts.o, -1), "NATS reconnects");
     check(natsOptions_SetReconnectWait(opts.o, 250), "NATS reconnect wait");
+    // Written by the publishing call, not by the client's flusher thread,
+    // which waits a millisecond before each flush: that millisecond would
+    // be most of a paced event's commit-to-ack time.
+    check(natsOptions_SetSendAsap(opts.o, true), "NATS send mode");
     check(natsOptions_SetDisconnectedCB(opts.o, on_disconnected, l), "NATS callbacks");
     check(natsOptions_SetReconnectedCB(opts.o, on_reconnected, l), "NATS callbacks");
     check(natsOptions_SetErrorHandler(opts.o, on_async_error, l), "NATS callbacks");

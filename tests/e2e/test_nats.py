@@ -263,3 +263,32 @@ def _leader(client):
         return client.stream_info(STREAM).get("cluster", {}).get("leader")
     except Exception:
         return None
+
+
+def test_nats_an_unanswered_publish_times_out_as_a_failure_and_its_retry_is_stored_once(db, relay, nats_server,
+                                                                                         tmp_path):
+    """A server that takes the messages but never answers (stopped): each
+    attempt ends as a timed-out transport error by request_timeout, never as
+    delivered; once the server runs again, every event is in the stream once
+    (the late copies of the timed-out attempts share its Nats-Msg-Id)."""
+    client = Client(nats_server.port)
+    client.create_stream(STREAM, ["events.>"])
+    config = write_config(tmp_path, nats_server.url,
+                          extra='request_timeout = "500ms"\ncircuit = { longest_probe = "200ms" }')
+    relay(None, "--config", config)
+    client.close()
+    nats_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        rows = enqueue_many(db, 10)
+        assert wait_until(lambda: any("no JetStream acknowledgement within" in (r["last_error"] or "")
+                                      for r in db.query("SELECT last_error FROM {s}.deliveries")), 10), \
+            db.query("SELECT last_error FROM {s}.deliveries")
+        assert db.count_events() == 10, "an unacknowledged event left the outbox"
+        assert wait_until(lambda: db.scalar("SELECT max(attempts) FROM {s}.deliveries") >= 2, 10), \
+            "no retry after the timeout"
+    finally:
+        nats_server.proc.send_signal(signal.SIGCONT)
+    assert db.wait_empty(timeout=15), f"{db.count_events()} events still in the outbox"
+    client = Client(nats_server.port)
+    check_once_and_in_order(db, client, rows)
+    assert published_by([nats_server], CONN_NAME) > 10
