@@ -277,6 +277,9 @@ def test_nats_an_unanswered_publish_times_out_as_a_failure_and_its_retry_is_stor
                           extra='request_timeout = "500ms"\ncircuit = { longest_probe = "200ms" }')
     relay(None, "--config", config)
     client.close()
+    assert wait_until(lambda: any(c.get("name") == CONN_NAME
+                                  for c in nats_server.monitor("connz")["connections"] or []), 10), \
+        "the relay never connected"
     nats_server.proc.send_signal(signal.SIGSTOP)
     try:
         rows = enqueue_many(db, 10)
