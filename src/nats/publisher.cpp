@@ -121,9 +121,20 @@ struct publisher::link {
     net::io_context* ioc = nullptr;
     std::weak_ptr<publisher::core> core;
     std::string destination;
-    std::string inbox;  // replies arrive on <inbox>.<publish id>
-    natsConnection* connection = nullptr;
-    natsSubscription* replies = nullptr;
+    // Two connections to the same servers. `prompt` writes each message at
+    // once (a lone event's ack is not delayed); `bulk` leaves writing to the
+    // client's flusher, which gathers what is published within a
+    // millisecond into one write, so a draining backlog costs the server,
+    // the client and the relay a few wake-ups per batch instead of per
+    // event. Order is unaffected: the relay publishes an event of a key only
+    // after the previous one was acknowledged.
+    struct lane {
+        std::string inbox;  // replies arrive on <inbox>.<publish id>
+        natsConnection* connection = nullptr;
+        natsSubscription* replies = nullptr;
+    };
+    lane prompt;
+    lane bulk;
 };
 
 namespace {
@@ -195,6 +206,10 @@ struct options_guard {
 }  // namespace
 
 publisher::publisher(net::io_context& ioc, publisher_options options) : core_(std::make_shared<core>(ioc)) {
+    // The client's locks spin by default before they sleep: on a machine
+    // whose cores are shared with the database that only burns CPU.
+    static const natsStatus opened = nats_Open(0);
+    (void)opened;
     auto* l = new link;  // never freed: see link
     l->ioc = &ioc;
     l->core = core_;
@@ -216,10 +231,6 @@ publisher::publisher(net::io_context& ioc, publisher_options options) : core_(st
     // events meanwhile, and the circuit breaker paces the attempts.
     check(natsOptions_SetMaxReconnect(opts.o, -1), "NATS reconnects");
     check(natsOptions_SetReconnectWait(opts.o, 250), "NATS reconnect wait");
-    // Written by the publishing call, not by the client's flusher thread,
-    // which waits a millisecond before each flush: that millisecond would
-    // be most of a paced event's commit-to-ack time.
-    check(natsOptions_SetSendAsap(opts.o, true), "NATS send mode");
     check(natsOptions_SetDisconnectedCB(opts.o, on_disconnected, l), "NATS callbacks");
     check(natsOptions_SetReconnectedCB(opts.o, on_reconnected, l), "NATS callbacks");
     check(natsOptions_SetErrorHandler(opts.o, on_async_error, l), "NATS callbacks");
@@ -236,28 +247,32 @@ publisher::publisher(net::io_context& ioc, publisher_options options) : core_(st
         if (!options.tls.verify) check(natsOptions_SkipServerVerification(opts.o, true), "NATS TLS");
     }
 
-    natsInbox* inbox = nullptr;
-    check(natsInbox_Create(&inbox), "NATS inbox");
-    l->inbox = reinterpret_cast<const char*>(inbox);
-    natsInbox_Destroy(inbox);
-
     // One attempt now, so the first claims find the connection up; if no
     // server answers, the client keeps trying in the background (publishes
     // fail fast meanwhile) and the relay starts anyway, as it does when a
     // webhook endpoint is down.
-    auto s = natsConnection_Connect(&l->connection, opts.o);
-    if (s == NATS_NO_SERVER || s == NATS_TIMEOUT) {
-        log::warn("no NATS server reachable yet; connecting in the background",
-                  {{"destination", l->destination}, {"servers", loggable_servers(options.servers)}});
-        check(natsOptions_SetRetryOnFailedConnect(opts.o, true, on_reconnected, l), "NATS connect retry");
-        s = natsConnection_Connect(&l->connection, opts.o);
+    bool retrying = false;
+    for (auto* lane : {&l->prompt, &l->bulk}) {
+        natsInbox* inbox = nullptr;
+        check(natsInbox_Create(&inbox), "NATS inbox");
+        lane->inbox = reinterpret_cast<const char*>(inbox);
+        natsInbox_Destroy(inbox);
+        check(natsOptions_SetSendAsap(opts.o, lane == &l->prompt), "NATS send mode");
+        auto s = natsConnection_Connect(&lane->connection, opts.o);
+        if (!retrying && (s == NATS_NO_SERVER || s == NATS_TIMEOUT)) {
+            log::warn("no NATS server reachable yet; connecting in the background",
+                      {{"destination", l->destination}, {"servers", loggable_servers(options.servers)}});
+            check(natsOptions_SetRetryOnFailedConnect(opts.o, true, on_reconnected, l), "NATS connect retry");
+            retrying = true;
+            s = natsConnection_Connect(&lane->connection, opts.o);
+        }
+        if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) check(s, "NATS connect");
+        check(natsConnection_Subscribe(&lane->replies, lane->connection, (lane->inbox + ".*").c_str(), on_reply, l),
+              "NATS reply subscription");
+        // The relay bounds what is in flight (max_concurrency); the client
+        // must never drop an acknowledgement as a slow consumer before that.
+        (void)natsSubscription_SetPendingLimits(lane->replies, -1, -1);
     }
-    if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) check(s, "NATS connect");
-    check(natsConnection_Subscribe(&l->replies, l->connection, (l->inbox + ".*").c_str(), on_reply, l),
-          "NATS reply subscription");
-    // The relay bounds what is in flight (max_concurrency); the client must
-    // never drop an acknowledgement as a slow consumer before that.
-    (void)natsSubscription_SetPendingLimits(l->replies, -1, -1);
     link_ = l;
 }
 
@@ -279,11 +294,17 @@ void publisher::publish(const std::string& subject, const header_list& headers, 
         return r;
     };
     if (core_->closed) return fail_soon(transport_failure("NATS publisher closed"));
-    if (natsConnection_Status(link_->connection) != NATS_CONN_STATUS_CONNECTED) {
-        return fail_soon(transport_failure("not connected to NATS"));
-    }
+    // A few acknowledgements outstanding: a lone event, sent at once. More:
+    // a burst, gathered by the client into few writes.
+    constexpr std::size_t prompt_limit = 4;
+    const auto connected = [](const link::lane& lane) {
+        return natsConnection_Status(lane.connection) == NATS_CONN_STATUS_CONNECTED;
+    };
+    const auto* lane = core_->waits.size() < prompt_limit ? &link_->prompt : &link_->bulk;
+    if (!connected(*lane)) lane = lane == &link_->prompt ? &link_->bulk : &link_->prompt;
+    if (!connected(*lane)) return fail_soon(transport_failure("not connected to NATS"));
     const auto id = core_->next_id++;
-    const auto reply = fmt::format("{}.{}", link_->inbox, id);
+    const auto reply = fmt::format("{}.{}", lane->inbox, id);
     natsMsg* msg = nullptr;
     auto s = natsMsg_Create(&msg, subject.c_str(), reply.c_str(), payload.data(), static_cast<int>(payload.size()));
     for (const auto& [name, value] : headers) {
@@ -293,7 +314,7 @@ void publisher::publish(const std::string& subject, const header_list& headers, 
     // Registered before the message leaves: its answer may come back on
     // another thread before PublishMsg returns (it is posted, so runs later).
     if (s == NATS_OK) core_->add(id, {subject, started, deadline, std::move(done)});
-    if (s == NATS_OK) s = natsConnection_PublishMsg(link_->connection, msg);
+    if (s == NATS_OK) s = natsConnection_PublishMsg(lane->connection, msg);
     natsMsg_Destroy(msg);
     if (s == NATS_OK) return;
     const auto it = core_->waits.find(id);
@@ -321,10 +342,12 @@ void publisher::close() {
     // Their leases are released: they are claimed again, and JetStream drops
     // any that did get stored (same Nats-Msg-Id).
     core_->fail_all("NATS publisher closed before the acknowledgement");
-    natsSubscription_Unsubscribe(link_->replies);
-    natsConnection_Close(link_->connection);
-    natsSubscription_Destroy(link_->replies);
-    natsConnection_Destroy(link_->connection);
+    for (auto* lane : {&link_->prompt, &link_->bulk}) {
+        natsSubscription_Unsubscribe(lane->replies);
+        natsConnection_Close(lane->connection);
+        natsSubscription_Destroy(lane->replies);
+        natsConnection_Destroy(lane->connection);
+    }
 }
 
 }  // namespace outboxd::nats
