@@ -237,7 +237,11 @@ def test_nats_cluster_killing_the_stream_leader_mid_run_loses_nothing(db, relay,
     assert info["config"]["num_replicas"] == 3
     assert wait_until(lambda: client.stream_info(STREAM).get("cluster", {}).get("leader"), 10)
     servers = ",".join(s.url for s in nats_cluster)
-    config = write_config(tmp_path, servers, extra='circuit = { longest_probe = "500ms" }',
+    # An attempt in flight at the dead leader is never answered: it ends by
+    # request_timeout and is retried (a copy the old leader stored shares
+    # its Nats-Msg-Id).
+    config = write_config(tmp_path, servers,
+                          extra='request_timeout = "2s"\ncircuit = { longest_probe = "500ms" }',
                           relay="concurrency = 64")
     n = 4000
     rows = enqueue_many(db, n, keys=20)
