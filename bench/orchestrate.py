@@ -17,6 +17,8 @@ from /proc, stop it (SIGTERM), dump the receiver's records, compute metrics
 is reported as lost, never cleaned away.
 
 Every wait here is bounded in time; all traffic goes to 127.0.0.1.
+OUTBOXD_BENCH_LOG_LEVEL (default warn) is outboxd's log level, for a
+diagnosis from the relay logs a kept raw directory holds.
 """
 
 from __future__ import annotations
@@ -290,7 +292,7 @@ class Bench:
     def start_relay(self, relay: str, log_path: Path, scenario: str = "") -> subprocess.Popen:
         if relay == "outboxd":
             cmd = [str(self.outboxd), "--database-url", self.outboxd_url(), "--schema", self.args.schema,
-                   "--log-level", "warn", "run"]
+                   "--log-level", os.environ.get("OUTBOXD_BENCH_LOG_LEVEL", "warn"), "run"]
             if scenario in JETSTREAM:
                 config = self.raw / "jetstream.toml"
                 config.write_text(f'[destinations.stream]\ntype = "nats"\nurl = "{self.nats.url}"\n'
