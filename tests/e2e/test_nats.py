@@ -243,7 +243,7 @@ def test_nats_cluster_killing_the_stream_leader_mid_run_loses_nothing(db, relay,
     config = write_config(tmp_path, servers,
                           extra='request_timeout = "2s"\ncircuit = { longest_probe = "500ms" }',
                           relay="concurrency = 64")
-    n = 4000
+    n = 3000
     rows = enqueue_many(db, n, keys=20)
     relay(None, "--config", config)
     assert wait_until(lambda: client.stream_info(STREAM)["state"]["messages"] >= n // 4, 15), \
