@@ -1,6 +1,7 @@
 #include "nats/publisher.hpp"
 
 #include <charconv>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -235,6 +236,11 @@ publisher::publisher(net::io_context& ioc, publisher_options options) : core_(st
     check(natsOptions_SetReconnectedCB(opts.o, on_reconnected, l), "NATS callbacks");
     check(natsOptions_SetErrorHandler(opts.o, on_async_error, l), "NATS callbacks");
     if (options.creds_file) {
+        // The client reads it only when it connects: a wrong path would
+        // otherwise show up as a server that refuses us, later.
+        if (!std::ifstream(*options.creds_file)) {
+            throw std::invalid_argument(fmt::format("NATS credentials file {}: cannot be read", *options.creds_file));
+        }
         check(natsOptions_SetUserCredentialsFromFiles(opts.o, options.creds_file->c_str(), nullptr),
               fmt::format("NATS credentials file {}", *options.creds_file));
     }

@@ -23,7 +23,7 @@ from collections import defaultdict
 import pytest
 from psycopg2 import sql as psql
 
-from conftest import TEST_APP
+from conftest import EXIT_USAGE, TEST_APP
 from helpers import wait_until
 from nats_support import Client, NatsError, Server, cluster, published_by, wait_jetstream_ready
 
@@ -299,3 +299,15 @@ def test_nats_an_unanswered_publish_times_out_as_a_failure_and_its_retry_is_stor
     client = Client(nats_server.port)
     check_once_and_in_order(db, client, rows)
     assert published_by([nats_server], CONN_NAME) > 10
+
+
+def test_nats_an_unreadable_creds_file_stops_the_relay_at_startup(outboxd, database_url, schema, tmp_path):
+    path = write_config(tmp_path, "nats://u:hunter2pw@127.0.0.1:9")
+    # nats = { subject = ... } is already there: the file is a table, add to it.
+    text = open(path).read().replace('nats = { subject = "events.{topic}" }',
+                                     'nats = { subject = "events.{topic}", creds_file = "/nonexistent.creds" }')
+    open(path, "w").write(text)
+    r = outboxd("--database-url", database_url, "--schema", schema, "run", "--config", path, timeout=10)
+    assert r.rc == EXIT_USAGE, r
+    assert "destination stream: NATS credentials file /nonexistent.creds: cannot be read" in r.stderr, r
+    assert "hunter2pw" not in r.stderr + r.stdout
