@@ -196,25 +196,25 @@ def test_nats_kill_9_mid_run_and_restart_every_event_in_the_stream_exactly_once(
 
 def test_nats_no_server_or_no_stream_keeps_events_until_they_can_be_stored(db, relay, tmp_path):
     server = Server(tmp_path / "js", "late", tmp_path / "nats.log")
-    config = write_config(tmp_path, server.url, extra='circuit = { longest_probe = "200ms" }')
-    relay(None, "--config", config)
-    enqueue_many(db, 10)
-
-    def errors():
-        return [r["last_error"] for r in db.query("SELECT last_error FROM {s}.deliveries")]
-
-    # No server: failed attempts, kept for a retry.
-    assert wait_until(lambda: any("not connected to NATS" in (e or "") for e in errors()), 10), errors()
-
-    # A server, but no stream on the subject: JetStream does not answer.
-    server.start()
-    assert wait_until(lambda: any("no JetStream stream captures subject events.orders.created (no responders)"
-                                  in (e or "") for e in errors()), 15), errors()
-    assert db.count_events() == 10
-
-    client = Client(server.port)
-    client.create_stream(STREAM, ["events.>"])
     try:
+        config = write_config(tmp_path, server.url, extra='circuit = { longest_probe = "200ms" }')
+        relay(None, "--config", config)
+        enqueue_many(db, 10)
+
+        def errors():
+            return [r["last_error"] for r in db.query("SELECT last_error FROM {s}.deliveries")]
+
+        # No server: failed attempts, kept for a retry.
+        assert wait_until(lambda: any("not connected to NATS" in (e or "") for e in errors()), 10), errors()
+
+        # A server, but no stream on the subject: JetStream does not answer.
+        server.start()
+        assert wait_until(lambda: any("no JetStream stream captures subject events.orders.created (no responders)"
+                                      in (e or "") for e in errors()), 15), errors()
+        assert db.count_events() == 10
+
+        client = Client(server.port)
+        client.create_stream(STREAM, ["events.>"])
         assert db.wait_empty(timeout=15), f"{db.count_events()} events still in the outbox"
         assert client.stream_info(STREAM)["state"]["messages"] == 10
     finally:
