@@ -15,7 +15,9 @@ Definitions (also printed under the table):
   delivered    committed events received at least once
   lost         committed events never received before the drain deadline
   dup          requests beyond the first for an event
-  latency      first receipt minus the producer's COMMIT return; it can be
+  latency      first receipt minus the producer's COMMIT return (js-*: the
+               message stored in the JetStream stream reaching a consumer,
+               i.e. commit to JetStream's ack); it can be
                slightly negative: the relay may deliver before the producer's
                thread is scheduled to read the clock
   insert/s     committed / (last commit - load start)
@@ -40,7 +42,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-SCENARIO_ORDER = ["paced", "flat", "backlog", "many", "idle"]
+SCENARIO_ORDER = ["paced", "flat", "backlog", "many", "idle", "js-paced", "js-backlog"]
 RELAYS = ["outboxd", "baseline"]
 
 
@@ -124,7 +126,7 @@ def compute(meta: dict, raw_dir: Path) -> dict:
     last_commit = max(commits.values()) if commits else start
     last_recv = max(first.values()) if first else None
     m["insert_rate"] = committed / ((last_commit - start) / 1e9) if last_commit > start else None
-    if meta["scenario"] == "backlog":
+    if meta["scenario"] in ("backlog", "js-backlog"):
         relay_start = meta["relay_start_ns"]
         m["delivered_rate"] = delivered / ((last_recv - relay_start) / 1e9) if last_recv else None
         m["drain_s"] = (last_recv - relay_start) / 1e9 if last_recv else None

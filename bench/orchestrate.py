@@ -17,6 +17,8 @@ from /proc, stop it (SIGTERM), dump the receiver's records, compute metrics
 is reported as lost, never cleaned away.
 
 Every wait here is bounded in time; all traffic goes to 127.0.0.1.
+OUTBOXD_BENCH_LOG_LEVEL (default warn) is outboxd's log level, for a
+diagnosis from the relay logs a kept raw directory holds.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import analyze  # noqa: E402
 
-ALL_SCENARIOS = ["paced", "flat", "backlog", "many", "idle"]
+ALL_SCENARIOS = ["paced", "flat", "backlog", "many", "idle", "js-paced", "js-backlog"]
+# The JetStream scenarios: paced and backlog again, outboxd publishing to a
+# single-node JetStream stream (a nats-server started here) instead of
+# POSTing to the receiver; the receiver records what the stream stored.
+# The baseline has no JetStream transport: outboxd only.
+JETSTREAM = {"js-paced": "paced", "js-backlog": "backlog"}
+NATS_SERVER = "/usr/sbin/nats-server"
 
 # name -> (full, quick) parameters. Durations in seconds.
 PARAMS = {
@@ -47,6 +55,7 @@ PARAMS = {
     "many": ({"duration": 10, "connections": 32}, {"duration": 3, "connections": 32}),
     "idle": ({"duration": 10}, {"duration": 3}),
 }
+PARAMS.update({js: PARAMS[base] for js, base in JETSTREAM.items()})
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 children: list[subprocess.Popen] = []
@@ -148,12 +157,41 @@ class Database:
         return [int(x) for x in out.split()] if out else []
 
 
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NatsServer:
+    """A single-node nats-server with JetStream (store under the raw directory)."""
+
+    def __init__(self, raw: Path):
+        self.port = free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        with open(raw / "nats-server.log", "w") as err:
+            self.proc = spawn([NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(raw / "js")],
+                              stdout=subprocess.DEVNULL, stderr=err)
+        import socket
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("nats-server did not start (see nats-server.log)") from None
+                time.sleep(0.05)
+
+
 class Receiver:
-    def __init__(self, exe: Path, raw: Path, threads: int):
+    def __init__(self, exe: Path, raw: Path, threads: int, nats_url: str | None = None):
         port_file = raw / "receiver.port"
         port_file.unlink(missing_ok=True)
+        extra = ["--nats", nats_url] if nats_url else []
         with open(raw / "receiver.log", "w") as err:
-            self.proc = spawn([str(exe), "--port-file", str(port_file), "--threads", str(threads)],
+            self.proc = spawn([str(exe), "--port-file", str(port_file), "--threads", str(threads)] + extra,
                               stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 10
         while not port_file.exists():
@@ -191,6 +229,9 @@ def with_params(url: str, params: str) -> str:
 
 
 def describe(scenario: str, p: dict) -> str:
+    if scenario in JETSTREAM:
+        return (f"{scenario}: {describe(JETSTREAM[scenario], p)}; outboxd publishes to a single-node JetStream "
+                "stream (file storage), latency = the stored message reaching a consumer")
     if scenario == "paced":
         return f"paced: {p['count']} events at {p['rate']}/s, {p['connections']} producer connection"
     if scenario == "flat":
@@ -226,7 +267,10 @@ class Bench:
         self.outboxd = exes["outboxd"]
         self.producer = exes["producer"]
         self.baseline = exes["baseline"]
-        self.receiver = Receiver(exes["receiver"], self.raw, args.receiver_threads)
+        wanted = args.scenario or ALL_SCENARIOS
+        self.nats = NatsServer(self.raw) if any(s in JETSTREAM for s in wanted) else None
+        self.receiver = Receiver(exes["receiver"], self.raw, args.receiver_threads,
+                                 self.nats.url if self.nats else None)
         self.tag = int(time.time()) % 100_000 * 100  # distinct across benchmark invocations
         self.quick = args.quick
         self.drain_deadline = 30 if args.quick else 60
@@ -245,10 +289,17 @@ class Bench:
 
     # -- relays
 
-    def start_relay(self, relay: str, log_path: Path) -> subprocess.Popen:
+    def start_relay(self, relay: str, log_path: Path, scenario: str = "") -> subprocess.Popen:
         if relay == "outboxd":
             cmd = [str(self.outboxd), "--database-url", self.outboxd_url(), "--schema", self.args.schema,
-                   "--log-level", "warn", "run", "--url", self.receiver.url]
+                   "--log-level", os.environ.get("OUTBOXD_BENCH_LOG_LEVEL", "warn"), "run"]
+            if scenario in JETSTREAM:
+                config = self.raw / "jetstream.toml"
+                config.write_text(f'[destinations.stream]\ntype = "nats"\nurl = "{self.nats.url}"\n'
+                                  '[[routes]]\ntopics = [">"]\ndestinations = ["stream"]\n')
+                cmd += ["--config", str(config)]
+            else:
+                cmd += ["--url", self.receiver.url]
             if self.args.concurrency:
                 cmd += ["--concurrency", str(self.args.concurrency)]
         else:
@@ -287,7 +338,7 @@ class Bench:
             time.sleep(0.02)
         return False
 
-    def clear_leftovers(self, relay: str) -> None:
+    def clear_leftovers(self, relay: str, scenario: str = "") -> None:
         """An earlier run may have left events undelivered (they were counted
         as lost there). Deliver them now so they cannot blur this run; their
         receipts are kept apart as strays."""
@@ -295,7 +346,7 @@ class Bench:
         if left == 0:
             return
         log(f"{left} undelivered {relay} events left by an earlier run; delivering them first")
-        proc = self.start_relay(relay, self.raw / f"leftover-{relay}-{self.tag}.log")
+        proc = self.start_relay(relay, self.raw / f"leftover-{relay}-{self.tag}.log", scenario)
         try:
             deadline = time.monotonic() + self.backlog_deadline
             while time.monotonic() < deadline and self.db.pending(relay) > 0 and proc.poll() is None:
@@ -327,7 +378,7 @@ class Bench:
         self.tag += 1
         tag = self.tag
         p = self.params(scenario)
-        self.clear_leftovers(relay)
+        self.clear_leftovers(relay, scenario)
         # Anything that reached the receiver between runs is not this run's.
         if self.receiver.count():
             self.receiver.dump(self.raw / f"between-{tag}.tsv")
@@ -336,6 +387,7 @@ class Bench:
                 "load_before": load_average()}
         relay_log = self.raw / f"relay-{tag}.log"
         meta["probe_commit_ms"] = self.probe_commit_ms(tag)
+        kind = JETSTREAM.get(scenario, scenario)
 
         def producer(mode_args: list[str], timeout: float) -> dict:
             cmd = [str(self.producer), "--database-url", self.args.database_url, "--target", relay,
@@ -348,15 +400,15 @@ class Bench:
                 log(f"producer: {summary['errors']} failed transactions, last: {summary['last_error']}")
             return summary
 
-        if scenario == "backlog":
+        if kind == "backlog":
             summary = producer(["--mode", "bulk", "--count", str(p["count"])], timeout=600)
             meta["relay_start_ns"] = meta["window_start_ns"] = now_ns()
-            proc = self.start_relay(relay, relay_log)
+            proc = self.start_relay(relay, relay_log, scenario)
             cpu0 = 0.0
             db_pids: list[int] = []
             db0 = 0.0
         else:
-            proc = self.start_relay(relay, relay_log)
+            proc = self.start_relay(relay, relay_log, scenario)
             db_pids = self.wait_ready(relay, proc)
             db0 = self.backends_cpu(db_pids)
             cpu0 = cpu_seconds(proc.pid) or 0.0
@@ -364,7 +416,7 @@ class Bench:
             if scenario == "idle":
                 time.sleep(p["duration"])
                 summary = None
-            elif scenario == "paced":
+            elif kind == "paced":
                 summary = producer(["--mode", "paced", "--rate", str(p["rate"]), "--count", str(p["count"]),
                                     "--connections", str(p["connections"])],
                                    timeout=p["count"] / p["rate"] + 120)
@@ -375,11 +427,11 @@ class Bench:
         if summary is not None:
             meta["load_start_ns"] = summary["start_ns"]
             meta["producer_errors"] = summary["errors"]
-            deadline = self.backlog_deadline if scenario == "backlog" else self.drain_deadline
+            deadline = self.backlog_deadline if kind == "backlog" else self.drain_deadline
             meta["drained"] = self.wait_drained(relay, summary["committed"], deadline)
             if not meta["drained"]:
                 log(f"{scenario}/{relay}: not drained within {deadline} s; the missing events count as lost")
-            if scenario == "backlog":
+            if kind == "backlog":
                 db_pids = self.db.backends(self.app_name(relay))  # connected since relay start
         cpu1 = cpu_seconds(proc.pid)
         meta["window_end_ns"] = now_ns()
@@ -456,7 +508,7 @@ class Bench:
         metrics = []
         for run in range(1, self.args.runs + 1):
             for scenario in scenarios:
-                for relay in analyze.RELAYS:
+                for relay in (["outboxd"] if scenario in JETSTREAM else analyze.RELAYS):
                     m = self.run_one(scenario, relay, run)
                     metrics.append(m)
                     log(f"run {run} {scenario:8} {relay:8} " + ", ".join(

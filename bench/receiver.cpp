@@ -16,6 +16,13 @@
 //
 // Output: one line per request, `monotonic_ns <TAB> webhook-id <TAB> body`.
 // Bodies are JSON without tabs or newlines (what the benchmark sends).
+//
+// --nats URL (the JetStream scenarios): also makes sure the stream EVENTS
+// (subjects events.>, file storage) exists and records every message stored
+// in it from now on, through a push consumer without acks: a message
+// reaches it once JetStream has stored it, the step whose acknowledgement
+// outboxd waits for. The record's id is the message's Nats-Msg-Id. The
+// control requests above count and dump these records too.
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp misses it
 
@@ -43,6 +50,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <fmt/format.h>
+#include <nats/nats.h>
 
 namespace {
 
@@ -210,8 +218,55 @@ private:
 };
 
 [[noreturn]] void usage() {
-    std::cerr << "usage: outboxd-bench-receiver [--port N] [--port-file FILE] [--threads N] [--out FILE]\n";
+    std::cerr << "usage: outboxd-bench-receiver [--port N] [--port-file FILE] [--threads N] [--out FILE] [--nats URL]\n";
     std::exit(2);
+}
+
+void on_stored(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
+    const auto at = monotonic_ns();
+    const char* id = "";
+    (void)natsMsgHeader_Get(msg, "Nats-Msg-Id", &id);
+    static_cast<journal*>(closure)->add(
+        {at, id, std::string(natsMsg_GetData(msg), static_cast<std::size_t>(natsMsg_GetDataLength(msg)))});
+    natsMsg_Destroy(msg);
+}
+
+// The connection and subscription live until the process exits.
+bool record_stream(const std::string& url, journal& j) {
+    natsConnection* nc = nullptr;
+    jsCtx* js = nullptr;
+    auto s = natsConnection_ConnectTo(&nc, url.c_str());
+    if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, nullptr);
+    if (s == NATS_OK) {
+        const char* subjects[] = {"events.>"};
+        jsStreamConfig sc;
+        jsStreamConfig_Init(&sc);
+        sc.Name = "EVENTS";
+        sc.Subjects = subjects;
+        sc.SubjectsLen = 1;
+        sc.Storage = js_FileStorage;
+        jsErrCode jerr = static_cast<jsErrCode>(0);
+        jsStreamInfo* si = nullptr;
+        s = js_AddStream(&si, js, &sc, nullptr, &jerr);
+        if (s == NATS_OK) jsStreamInfo_Destroy(si);
+        if (jerr == JSStreamNameExistErr) s = NATS_OK;
+    }
+    if (s == NATS_OK) {
+        jsSubOptions so;
+        jsSubOptions_Init(&so);
+        so.Stream = "EVENTS";
+        so.ManualAck = true;
+        so.Config.AckPolicy = js_AckNone;
+        so.Config.DeliverPolicy = js_DeliverNew;
+        natsSubscription* sub = nullptr;
+        s = js_Subscribe(&sub, js, "events.>", on_stored, &j, nullptr, &so, nullptr);
+        if (s == NATS_OK) (void)natsSubscription_SetPendingLimits(sub, -1, -1);
+    }
+    if (s != NATS_OK) {
+        std::cerr << "outboxd-bench-receiver: NATS " << url << ": " << natsStatus_GetText(s) << '\n';
+        return false;
+    }
+    return true;
 }
 
 }  // namespace
@@ -221,6 +276,7 @@ int main(int argc, char** argv) {
     int threads = 1;
     std::string port_file;
     std::string out;
+    std::string nats_url;
     for (int i = 1; i < argc; ++i) {
         const std::string_view a = argv[i];
         if (i + 1 >= argc) usage();
@@ -233,6 +289,8 @@ int main(int argc, char** argv) {
             port_file = v;
         } else if (a == "--out") {
             out = v;
+        } else if (a == "--nats") {
+            nats_url = v;
         } else {
             usage();
         }
@@ -242,6 +300,7 @@ int main(int argc, char** argv) {
     journal j;
     server srv(ioc, port, j);
     srv.accept();
+    if (!nats_url.empty() && !record_stream(nats_url, j)) return 1;
 
     if (!port_file.empty()) {
         // Written whole under a temporary name, then renamed: a reader never

@@ -5,7 +5,8 @@
 #                [--receiver-threads N] [--outboxd-dsn-params P] [--keep-raw] [--no-build]
 #
 #   --runs N            runs per scenario and relay; the table shows medians (default 3)
-#   --scenario NAME     paced | flat | backlog | many | idle (repeatable; default all)
+#   --scenario NAME     paced | flat | backlog | many | idle | js-paced | js-backlog
+#                       (repeatable; default all; js-*: into a JetStream stream)
 #   --quick             shortened scenarios for a smoke run (~2 minutes)
 #   --concurrency N     passed to `outboxd run` (default: outboxd's own)
 #   --receiver-threads  threads of the HTTP receiver (default 1)
@@ -30,7 +31,7 @@ runs=3
 build=1
 keep_raw=0
 py_args=()
-usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --runs) runs=${2:?--runs needs a number}; shift 2 ;;

@@ -15,6 +15,8 @@ packages=(
   # libraries (see "Platform facts" in the design brief for versions)
   libpqxx-dev libpq-dev libboost-dev libboost-system-dev nlohmann-json3-dev
   libfmt-dev doctest-dev libssl-dev libtomlplusplus-dev
+  # the NATS JetStream destination (C client) and the server its tests start
+  libnats-dev nats-server
   # a real server for the pg/e2e suites and the demo
   postgresql-15
   # a real transaction pooler for the poll-mode e2e tests (tests/e2e/test_wake.py)

@@ -34,6 +34,7 @@
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
 #include "core/wake_policy.hpp"
+#include "nats/subject.hpp"
 #include "pg/listener.hpp"
 #include "pg/store.hpp"
 
@@ -319,8 +320,9 @@ private:
         std::vector<std::unique_ptr<sink>> out;
         for (const auto& d : c.destinations) {
             try {
-                out.push_back(d.kind == transport::stdout_lines
-                                  ? make_stdout_sink(ioc_)
+                out.push_back(d.kind == transport::stdout_lines ? make_stdout_sink(ioc_)
+                              : d.kind == transport::nats
+                                  ? make_nats_sink(ioc_, d)
                                   : make_webhook_sink(ioc_, d, c.block_private_addresses));
             } catch (const std::invalid_argument& e) {
                 throw fatal_error(exit_usage, fmt::format("destination {}: {}", d.name, e.what()));
@@ -331,6 +333,7 @@ private:
 
     static std::string describe(const destination_config& d) {
         if (d.kind == transport::stdout_lines) return "stdout";
+        if (d.kind == transport::nats) return nats::loggable_servers(d.nats.servers);
         return loggable_url(d.url);
     }
 

@@ -1,6 +1,6 @@
 #pragma once
-// Where a destination's deliveries go: a webhook endpoint (HTTP/HTTPS) or
-// stdout (one JSON line per event). Both report through the same
+// Where a destination's deliveries go: a webhook endpoint (HTTP/HTTPS),
+// stdout (one JSON line per event) or a NATS JetStream stream. Both report through the same
 // response_summary, so retries, dead letters and fencing work the same way.
 // Driven by the relay's io_context; callbacks run there.
 
@@ -36,5 +36,7 @@ public:
 [[nodiscard]] std::unique_ptr<sink> make_webhook_sink(boost::asio::io_context& ioc, const destination_config& d,
                                                       bool block_private_addresses);
 [[nodiscard]] std::unique_ptr<sink> make_stdout_sink(boost::asio::io_context& ioc);
+// A NATS JetStream destination (app/sink_nats.cpp); connects in the background.
+[[nodiscard]] std::unique_ptr<sink> make_nats_sink(boost::asio::io_context& ioc, const destination_config& d);
 
 }  // namespace outboxd::app

@@ -31,6 +31,7 @@
 #include "core/toml_text.hpp"
 #include "core/topic_pattern.hpp"
 #include "core/webhook_request.hpp"
+#include "nats/subject.hpp"
 
 namespace outboxd {
 namespace {
@@ -195,6 +196,11 @@ std::vector<unsigned> statuses_from_text(std::string_view text, const origin& o)
     }
 }
 
+std::string subject_checked(std::string_view text, const origin& o) {
+    if (const auto why = nats::subject_template_error(text)) fail(o, fmt::format("{}, got {}", *why, quoted(text)));
+    return std::string(text);
+}
+
 std::string schema_checked(std::string_view text, const origin& o) {
     try {
         validate_schema_name(text);
@@ -251,6 +257,7 @@ value from_text(const settings::rule& r, std::string_view text, const origin& o)
             if (!is_one_of(text, r.choices)) fail(o, fmt::format("{}, got {}", expected_one_of(r.choices), quoted(text)));
             return std::string(text);
         case kind::schema: return schema_checked(text, o);
+        case kind::subject: return subject_checked(text, o);
         case kind::dsn: return non_empty(text, o, "a database URL");
         case kind::file_name: return std::optional<std::string>(non_empty(text, o, "a file name"));
         case kind::listen_address: return address_checked(text, o);
@@ -496,6 +503,11 @@ value from_file(const settings::rule& r, const file_reader& f, const entry& e) {
             if (s == nullptr) fail(e.from, fmt::format("expected a string, got {}", got(*e.node)));
             return schema_checked(s->get(), e.from);
         }
+        case kind::subject: {
+            const auto* s = e.node->as_string();
+            if (s == nullptr) fail(e.from, fmt::format("expected a string, got {}", got(*e.node)));
+            return subject_checked(s->get(), e.from);
+        }
         case kind::dsn: return string_of(e);
         case kind::file_name: return std::optional<std::string>(string_of(e));
         case kind::listen_address: {
@@ -629,6 +641,7 @@ struct pending_destination {
     std::string name;
     transport kind = transport::webhook;
     endpoint_url url;
+    std::string nats_servers;  // a nats destination's url
     destination_layer settings;
     origin declared;
 };
@@ -638,7 +651,7 @@ pending_destination read_destination(const file_reader& f, const inputs& in, con
     if (!is_destination_name(d.key)) {
         fail(d.from, "a destination name is 1 to 64 letters, digits, '_' or '-'");
     }
-    pending_destination out{std::string(d.key), transport::webhook, {}, defaults, d.from};
+    pending_destination out{std::string(d.key), transport::webhook, {}, {}, defaults, d.from};
     std::vector<std::string_view> allowed{"type", "url"};  // a destination's own, not inherited
     for (const auto key : keys_under(settings::destination_rows(), "")) allowed.push_back(key);
     const auto es = entries(f, table_of(d), d.from.key, allowed);
@@ -650,8 +663,10 @@ pending_destination read_destination(const file_reader& f, const inputs& in, con
             out.kind = transport::webhook;
         } else if (s != nullptr && s->get() == "stdout") {
             out.kind = transport::stdout_lines;
+        } else if (s != nullptr && s->get() == "nats") {
+            out.kind = transport::nats;
         } else {
-            fail(e.from, fmt::format("expected \"webhook\" or \"stdout\", got {}", got(*e.node)));
+            fail(e.from, fmt::format("expected \"webhook\", \"stdout\" or \"nats\", got {}", got(*e.node)));
         }
     }
     bool has_url = false;
@@ -660,7 +675,22 @@ pending_destination read_destination(const file_reader& f, const inputs& in, con
         if (out.kind == transport::stdout_lines && !settings::applies_to_stdout(e.key)) {
             fail(e.from, "does not apply to a stdout destination (only retry does)");
         }
-        if (e.key == "url") {
+        if (e.key != "url" && !settings::applies_to(out.kind, e.key)) {
+            fail(e.from, out.kind == transport::nats ? "does not apply to a nats destination"
+                                                     : "applies to a nats destination only");
+        }
+        if (e.key == "url" && out.kind == transport::nats) {
+            const auto* s = e.node->as_string();
+            if (s == nullptr) fail(e.from, fmt::format("expected a string of NATS server URLs, got {}", got(*e.node)));
+            try {
+                (void)nats::parse_servers(s->get());
+            } catch (const std::invalid_argument& err) {
+                // The URL is not repeated: it may hold a password.
+                fail(e.from, err.what());
+            }
+            out.nats_servers = s->get();
+            has_url = true;
+        } else if (e.key == "url") {
             const auto* s = e.node->as_string();
             if (s == nullptr) fail(e.from, fmt::format("expected a URL string, got {}", got(*e.node)));
             out.url = url_checked(s->get(), e.from);
@@ -670,6 +700,9 @@ pending_destination read_destination(const file_reader& f, const inputs& in, con
         }
     }
     if (out.kind == transport::webhook && !has_url) fail(d.from, "missing url (a webhook destination needs one)");
+    if (out.kind == transport::nats && !has_url) {
+        fail(d.from, "missing url (a nats destination needs its servers: \"nats://host:4222\")");
+    }
     return out;
 }
 
@@ -743,7 +776,7 @@ void check_destination(const pending_destination& d, const relay_layer& top) {
                                     format_duration(s.retry.base), format_duration(s.retry.cap),
                                     d.settings.origin_of("retry.cap").source()));
     }
-    if (d.kind != transport::webhook) return;
+    if (d.kind == transport::stdout_lines) return;
     // A lease that could expire while its delivery is still running would let
     // a second relay deliver the same event concurrently.
     const auto attempt = s.connect_timeout + s.request_timeout;
@@ -765,9 +798,10 @@ destination_config to_config(pending_destination d, std::size_t relay_concurrenc
     }();
     const bool max_concurrency_unset = d.settings.origin_of("max_concurrency").k == origin::kind::builtin;
     destination_config out;
-    if (d.kind == transport::webhook) {
+    if (d.kind == transport::webhook || d.kind == transport::nats) {
         out = std::move(d.settings.values);
         out.url = std::move(d.url);
+        out.nats.servers = std::move(d.nats_servers);
         // Unset, a destination may use every delivery slot of the relay: a
         // lower built-in limit would defer deliveries for no reason.
         if (max_concurrency_unset) out.max_concurrency = relay_concurrency;
@@ -869,7 +903,7 @@ config resolve_config(const config_sources& sources) {
                                            "or the [[routes]] of {}",
                                            shortcut->key, f.name()));
         }
-        pending_destination d{std::string(default_destination), transport::webhook, {}, defaults, *shortcut};
+        pending_destination d{std::string(default_destination), transport::webhook, {}, {}, defaults, *shortcut};
         if (*shortcut_url == "stdout") {
             d.kind = transport::stdout_lines;
         } else {

@@ -32,13 +32,26 @@ public:
     using std::runtime_error::runtime_error;
 };
 
-enum class transport { webhook, stdout_lines };
+enum class transport { webhook, stdout_lines, nats };
+
+// A NATS JetStream destination's own settings (src/nats/, README "NATS
+// JetStream").
+struct nats_settings {
+    std::string servers;                     // the destination's url: nats://h:4222,nats://h2:4222 (may hold credentials)
+    std::string subject = "events.{topic}";  // {topic}: the event's topic
+    std::optional<std::string> creds_file;   // a .creds file (user JWT and NKey seed)
+};
 
 struct destination_config {
     std::string name;
     transport kind = transport::webhook;
     // webhook only:
     endpoint_url url;
+    // nats only:
+    nats_settings nats;
+    // webhook and nats (nats: connect_timeout, request_timeout = the wait
+    // for the publish acknowledgement, max_concurrency = acknowledgements
+    // outstanding, headers, tls; not signing):
     header_list headers;                  // static extra headers (values may be secret)
     std::chrono::milliseconds connect_timeout{5'000};
     std::chrono::milliseconds request_timeout{10'000};

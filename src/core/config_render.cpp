@@ -8,6 +8,7 @@
 #include "core/config_table.hpp"
 #include "core/toml_text.hpp"
 #include "core/url.hpp"
+#include "nats/subject.hpp"
 
 namespace outboxd {
 namespace {
@@ -46,11 +47,12 @@ std::string render_config(const config& c) {
     for (const auto& d : c.destinations) {
         const auto table = fmt::format("destinations.{}", toml_key(d.name));
         out += fmt::format("\n[{}]\n", table);
-        const bool webhook = d.kind == transport::webhook;
-        out += fmt::format("type = {}\n", toml_quoted(webhook ? "webhook" : "stdout"));
-        if (webhook) out += fmt::format("url = {}\n", toml_quoted(loggable_url(d.url)));
+        const auto type = d.kind == transport::webhook ? "webhook" : d.kind == transport::nats ? "nats" : "stdout";
+        out += fmt::format("type = {}\n", toml_quoted(type));
+        if (d.kind == transport::webhook) out += fmt::format("url = {}\n", toml_quoted(loggable_url(d.url)));
+        if (d.kind == transport::nats) out += fmt::format("url = {}\n", toml_quoted(nats::loggable_servers(d.nats.servers)));
         render_rows(out, settings::destination_rows(), d, table + ".", table,
-                    [&](std::string_view key) { return webhook || settings::applies_to_stdout(key); });
+                    [&](std::string_view key) { return settings::applies_to(d.kind, key); });
     }
     const auto strings = [](const std::vector<std::string>& items) {
         std::string text = "[";

@@ -89,6 +89,9 @@ constexpr row<destination_config> destination_table[] = {
      member<&d::tls, &tls_settings::verify>},
     {"tls.ca_file", "OUTBOXD_CA_FILE", "ca-file", file_name(), member<&d::tls, &tls_settings::ca_file>, run, {},
      "the system's CA certificates"},
+    {"nats.subject", "OUTBOXD_NATS_SUBJECT", "", subject(), member<&d::nats, &nats_settings::subject>},
+    {"nats.creds_file", "", "", file_name(), member<&d::nats, &nats_settings::creds_file>, run, {},
+     "none (no credentials, or those in `url`)"},
 };
 
 constexpr std::string_view redacted = "<redacted>";
@@ -118,6 +121,23 @@ bool applies_to_stdout(std::string_view destination_key) noexcept {
     return destination_key == "retry" || destination_key.starts_with("retry.");
 }
 
+bool applies_to_nats(std::string_view destination_key) noexcept {
+    return !destination_key.starts_with("signing_secrets");
+}
+
+bool applies_to_webhook(std::string_view destination_key) noexcept {
+    return destination_key != "nats" && !destination_key.starts_with("nats.");
+}
+
+bool applies_to(transport t, std::string_view destination_key) noexcept {
+    switch (t) {
+        case transport::webhook: return applies_to_webhook(destination_key);
+        case transport::stdout_lines: return applies_to_stdout(destination_key);
+        case transport::nats: return applies_to_nats(destination_key);
+    }
+    return false;
+}
+
 std::string toml_value(kind k, const value& v) {
     switch (k) {
         case kind::duration: return toml_quoted(format_duration(std::get<milliseconds>(v)));
@@ -126,6 +146,7 @@ std::string toml_value(kind k, const value& v) {
         case kind::one_of:
         case kind::schema:
         case kind::listen_address: return toml_quoted(std::get<std::string>(v));
+        case kind::subject: return toml_quoted(std::get<std::string>(v));
         case kind::dsn: return toml_quoted(redact_dsn(std::get<std::string>(v)));
         case kind::file_name: return toml_quoted(std::get<std::optional<std::string>>(v).value_or(""));
         case kind::statuses:

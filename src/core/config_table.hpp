@@ -40,6 +40,7 @@ enum class kind {
     secrets,    // signing secrets; rendered as "<redacted>"; a repeated flag adds up
     headers,    // static headers, file only, merged per name; values rendered as "<redacted>"
     listen_address,  // "HOST:PORT" (core/listen_address.hpp), or "" for none
+    subject,    // a NATS subject template ("events.{topic}", nats/subject.hpp)
 };
 
 struct rule {
@@ -65,6 +66,7 @@ constexpr rule statuses() { return {kind::statuses}; }
 constexpr rule secrets() { return {kind::secrets}; }
 constexpr rule headers() { return {kind::headers}; }
 constexpr rule address() { return {kind::listen_address}; }
+constexpr rule subject() { return {kind::subject}; }
 
 // A value of any kind, on its way between text and a member.
 using value = std::variant<milliseconds, std::int64_t, bool, std::string, std::optional<std::string>,
@@ -150,6 +152,11 @@ inline constexpr std::string_view shortcut_env = "OUTBOXD_WEBHOOK_URL";
 // Only retry applies to a stdout destination: "retry", "retry.base", but
 // not "url" or "tls.verify".
 [[nodiscard]] bool applies_to_stdout(std::string_view destination_key) noexcept;
+// nats.* applies to a NATS destination only; signing does not apply to one
+// (JetStream's own authentication covers who published).
+[[nodiscard]] bool applies_to_nats(std::string_view destination_key) noexcept;
+[[nodiscard]] bool applies_to_webhook(std::string_view destination_key) noexcept;
+[[nodiscard]] bool applies_to(transport t, std::string_view destination_key) noexcept;
 
 // A value as TOML spells it, every secret as "<redacted>" (the password
 // of a database URL cut out). Not for an unset file_name.

@@ -689,8 +689,8 @@ TEST_CASE("config: table of file errors: every key, wrong type and invalid value
         {"[destinations.\"bad name\"]\nurl = \"http://h/\"\n",
          "t.toml:1:15: destinations.\"bad name\": a destination name is 1 to 64 letters, digits, '_' or '-'"},
         {"[destinations.d]\ntype = \"http\"\n",
-         "t.toml:2:1: destinations.d.type: expected \"webhook\" or \"stdout\", got \"http\""},
-        {"[destinations.d]\ntype = 1\n", "t.toml:2:1: destinations.d.type: expected \"webhook\" or \"stdout\", got 1"},
+         "t.toml:2:1: destinations.d.type: expected \"webhook\", \"stdout\" or \"nats\", got \"http\""},
+        {"[destinations.d]\ntype = 1\n", "t.toml:2:1: destinations.d.type: expected \"webhook\", \"stdout\" or \"nats\", got 1"},
         {"[destinations.d]\nurl = 5\n", "t.toml:2:1: destinations.d.url: expected a URL string, got 5"},
         {"[destinations.d]\nurl = \"ftp://h/\"\n",
          "t.toml:2:1: destinations.d.url: invalid endpoint URL: unsupported scheme 'ftp' (expected http or https)"},
@@ -1228,5 +1228,78 @@ TEST_CASE("config: README.md documents every setting of the table, and nothing e
     for (const auto& [key, _] : relay) FAIL_CHECK("README.md documents a relay setting the table lacks: " << key);
     for (const auto& [key, _] : destination) {
         FAIL_CHECK("README.md documents a destination setting the table lacks: " << key);
+    }
+}
+
+TEST_CASE("config: a nats destination: servers, subject template, credentials, and what does not apply") {
+    auto f = file_only(R"(
+[defaults]
+request_timeout = "2s"
+[destinations.stream]
+type = "nats"
+url = "nats://app:s3cretpw@n1:4222, nats://n2:4222"
+max_concurrency = 256
+nats = { subject = "outbox.{topic}.v1", creds_file = "/etc/outboxd/app.creds" }
+tls = { ca_file = "/etc/ca.pem" }
+retry = { base = "1s" }
+[destinations.hook]
+url = "http://h/"
+[[routes]]
+topics = [">"]
+destinations = ["stream", "hook"]
+)");
+    const auto c = resolve(f);
+    const auto& d = c.destinations[0];
+    CHECK(d.kind == transport::nats);
+    CHECK(d.nats.servers == "nats://app:s3cretpw@n1:4222, nats://n2:4222");
+    CHECK(d.nats.subject == "outbox.{topic}.v1");
+    CHECK(d.nats.creds_file == "/etc/outboxd/app.creds");
+    CHECK(d.max_concurrency == 256);
+    CHECK(d.request_timeout == std::chrono::seconds(2));
+    CHECK(d.retry.base == std::chrono::seconds(1));
+    CHECK(d.tls.ca_file == "/etc/ca.pem");
+    CHECK(c.destinations[1].nats.subject == "events.{topic}");  // the default, unused by a webhook
+
+    const auto text = render_config(c);
+    CAPTURE(text);
+    CHECK(text.find("s3cretpw") == std::string::npos);
+    CHECK(text.find("type = \"nats\"\nurl = \"nats://<redacted>@n1:4222,nats://n2:4222\"") != std::string::npos);
+    CHECK(text.find("[destinations.stream.nats]\nsubject = \"outbox.{topic}.v1\"") != std::string::npos);
+    CHECK(text.find("signing_secrets") == text.rfind("signing_secrets"));  // the webhook's only
+    // The rendered file (credentials put back) reads as the same destination.
+    auto again_text = text;
+    replace_all(again_text, "nats://<redacted>@n1", "nats://app:s3cretpw@n1");
+    const auto again = resolve(file_only(again_text));
+    CHECK(again.destinations[0].nats.subject == d.nats.subject);
+    CHECK(again.destinations[0].nats.servers == "nats://app:s3cretpw@n1:4222,nats://n2:4222");
+
+    struct error_case {
+        std::string_view toml;
+        std::string_view message;
+    };
+    const error_case cases[] = {
+        {"[destinations.d]\ntype = \"nats\"\n", "t.toml:1:15: destinations.d: missing url (a nats destination needs"},
+        {"[destinations.d]\ntype = \"nats\"\nurl = \"http://u:pw@h:4222\"\n",
+         "t.toml:3:1: destinations.d.url: expected nats://host:port or tls://host:port"},
+        {"[destinations.d]\ntype = \"nats\"\nurl = \"nats://u:pw@h:4222/x\"\n",
+         "t.toml:3:1: destinations.d.url: expected nats://host:port (no path)"},
+        {"[destinations.d]\ntype = \"nats\"\nurl = \"nats://h:4222\"\nsigning_secrets = []\n",
+         "t.toml:4:1: destinations.d.signing_secrets: does not apply to a nats destination"},
+        {"[destinations.d]\nurl = \"http://h/\"\nnats = { subject = \"a.{topic}\" }\n",
+         "t.toml:3:1: destinations.d.nats: applies to a nats destination only"},
+        {"[destinations.d]\ntype = \"nats\"\nurl = \"nats://h:4222\"\nnats = { subject = \"a.*.{topic}\" }\n",
+         "t.toml:4:10: destinations.d.nats.subject: expected a NATS subject: '.'-separated non-empty tokens"},
+        {"[destinations.d]\ntype = \"nats\"\nurl = \"nats://h:4222\"\nnats = { subject = \"a.{topik}\" }\n",
+         "t.toml:4:10: destinations.d.nats.subject: expected a NATS subject where {topic} is the only placeholder"},
+        {"[destinations.d]\ntype = \"nats\"\nurl = \"nats://h:4222\"\nnats = { subject = \"a..{topic}\" }\n",
+         "t.toml:4:10: destinations.d.nats.subject: expected a NATS subject"},
+        {"[destinations.d]\ntype = \"nats\"\nurl = \"nats://h:4222\"\nnats = { subjekt = \"a\" }\n",
+         "t.toml:4:10: unknown key destinations.d.nats.subjekt"},
+    };
+    for (const auto& e : cases) {
+        CAPTURE(e.toml);
+        const auto message = error_of(file_only(std::string(e.toml) + "[[routes]]\ntopics = [\">\"]\ndestinations = [\"d\"]\n"));
+        CHECK_MESSAGE(message.starts_with(e.message), message);
+        CHECK(message.find("pw") == std::string::npos);
     }
 }
