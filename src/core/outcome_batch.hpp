@@ -4,7 +4,9 @@
 // until the database has them: each write is fenced by owner and attempt,
 // so writing one twice changes nothing.
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <iterator>
 #include <optional>
 #include <string>
@@ -58,6 +60,28 @@ struct outcome_batch {
     [[nodiscard]] std::size_t size() const noexcept {
         return delivered.size() + retries.size() + dead.size() + fan_outs.size() + deliveries.delivered.size() +
                deliveries.retries.size() + deliveries.dead.size() + handed_back.size() + deliveries_handed_back.size();
+    }
+    // Moves up to `n` outcomes, from the front, into a batch of their own
+    // (a write of a bounded size); the rest stay. Both keep unblocks_key.
+    [[nodiscard]] outcome_batch take_front(std::size_t n) {
+        outcome_batch front;
+        front.unblocks_key = unblocks_key;
+        auto take = [&n](auto& to, auto& from) {
+            const auto k = std::min(n, from.size());
+            std::move(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(k), std::back_inserter(to));
+            from.erase(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(k));
+            n -= k;
+        };
+        take(front.delivered, delivered);
+        take(front.retries, retries);
+        take(front.dead, dead);
+        take(front.fan_outs, fan_outs);
+        take(front.deliveries.delivered, deliveries.delivered);
+        take(front.deliveries.retries, deliveries.retries);
+        take(front.deliveries.dead, deliveries.dead);
+        take(front.handed_back, handed_back);
+        take(front.deliveries_handed_back, deliveries_handed_back);
+        return front;
     }
     void append(outcome_batch&& other) {
         auto move_all = [](auto& to, auto& from) { std::move(from.begin(), from.end(), std::back_inserter(to)); };

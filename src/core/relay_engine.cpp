@@ -773,7 +773,12 @@ void relay_engine::unroutable(const event& e) {
 
 void relay_engine::flush_outcomes() {
     if (writing_ || flush_backing_off_ || pending_.empty() || finishing_) return;
-    writing_ = std::make_shared<const outcome_batch>(std::exchange(pending_, {}));
+    // A bounded write: one that grew without bound (a writer fallen behind a
+    // fast destination) could outlast the statement timeout and, failing,
+    // outlive the leases it records (every event then sent again).
+    writing_ = std::make_shared<const outcome_batch>(pending_.size() > most_outcomes_per_write
+                                                         ? pending_.take_front(most_outcomes_per_write)
+                                                         : std::exchange(pending_, {}));
     writing_retry_in_ = std::exchange(arm_due_after_flush_, std::nullopt);
     emit(write_outcomes_command{writing_});
 }

@@ -105,6 +105,8 @@ using steady_time = std::chrono::steady_clock::time_point;
 
 // A request slower than this gives up its delivery slot (see relay_engine).
 inline constexpr std::chrono::milliseconds slow_request_after{250};
+// Outcomes written by one statement batch at most; the rest go with the next.
+inline constexpr std::size_t most_outcomes_per_write = 4096;
 
 enum class relay_timer { sweep, next_due, claim_retry, flush_retry, shutdown, circuit_probe, takeover, slow_requests };
 inline constexpr std::size_t relay_timer_count = 8;
