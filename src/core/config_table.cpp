@@ -55,7 +55,7 @@ constexpr row<config> relay_table[] = {
      member<&c::idempotency_retention>},
     {"relay.dead_letter_retention", "OUTBOXD_DEAD_LETTER_RETENTION", "dead-letter-retention", duration(0ms),
      member<&c::dead_letter_retention>},
-    {"relay.live_leases", "OUTBOXD_LIVE_LEASES", "live-leases", boolean(), member<&c::live_leases>},
+    {"relay.live_leases", "OUTBOXD_LIVE_LEASES", "", boolean(), member<&c::live_leases>},
     {"relay.summary_interval", "OUTBOXD_SUMMARY_INTERVAL", "summary-interval", duration(0ms),
      member<&c::summary_interval>},
     {"admin.listen", "OUTBOXD_ADMIN_LISTEN", "admin-listen", address(), member<&c::admin_listen>, run, {}, "(off)"},
