@@ -37,14 +37,6 @@ std::string_view source_name(wake_source s) {
     return "timer";
 }
 
-// A reason on one line.
-std::string one_line(std::string_view text) {
-    std::string out(text);
-    std::replace(out.begin(), out.end(), '\n', ' ');
-    std::replace(out.begin(), out.end(), '\r', ' ');
-    return out;
-}
-
 const std::vector<double> latency_bounds{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
                                          2.5,   5,    10,    30,   60,  300,  1800, 3600};
 const std::vector<double> attempt_bounds{1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50};
@@ -135,7 +127,7 @@ relay_telemetry::relay_telemetry(net::io_context& ioc, const std::unique_ptr<con
         circuit_.with({d.name});
     }
     for (const auto s : {wake_source::notify, wake_source::sweep, wake_source::timer, wake_source::reconnect}) {
-        wakes_.with({std::string(source_name(s))});
+        wake_counters_.at(static_cast<std::size_t>(s)) = &wakes_.with({std::string(source_name(s))});
     }
     registry_.add_gauge("outboxd_build_info", "The outboxd version, as a label; always 1.", {"version"})
         .with({OUTBOXD_VERSION})
@@ -181,18 +173,18 @@ std::uint16_t relay_telemetry::admin_port() const noexcept { return admin_ ? adm
 
 // ---- from the shell ----------------------------------------------------------
 
-void relay_telemetry::notified() { wakes_.with({"notify"}).inc(); }
+void relay_telemetry::notified() { wake_counters_.at(static_cast<std::size_t>(wake_source::notify))->inc(); }
 
 void relay_telemetry::listen_lost(const std::string& why) {
     listening_ = false;
-    listen_error_ = one_line(why);
+    listen_error_ = why;  // scrubbed and on one line (scrub_secrets)
 }
 
 void relay_telemetry::listen_restored() {
     listening_ = true;
     listen_error_.clear();
     reconnects_.inc();
-    wakes_.with({"reconnect"}).inc();
+    wake_counters_.at(static_cast<std::size_t>(wake_source::reconnect))->inc();
 }
 
 void relay_telemetry::taken_over(std::size_t relays, std::size_t leases) {
@@ -243,11 +235,11 @@ void relay_telemetry::claimed(std::size_t events) {
 
 void relay_telemetry::claim_failed(std::string_view why) {
     claim_failures_.inc();
-    claim_error_ = one_line(why);
+    claim_error_ = why;  // scrubbed and on one line (scrub_secrets)
 }
 
 void relay_telemetry::woken(wake_source source) {
-    wakes_.with({std::string(source_name(source))}).inc();
+    wake_counters_.at(static_cast<std::size_t>(source))->inc();
     if (source == wake_source::sweep) sweeps_.inc();
 }
 
@@ -316,7 +308,7 @@ void relay_telemetry::refresh_stats(std::function<void()> then) {
                 schema_version_ = got->schema_version;
                 stats_error_.reset();
             } else {
-                stats_error_ = one_line(error);
+                stats_error_ = error;  // scrubbed and on one line (scrub_secrets)
                 log::debug("reading the outbox's figures failed", {{"error", *stats_error_}});
             }
             for (auto& f : std::exchange(after_stats_, {})) f();

@@ -118,6 +118,7 @@ private:
     metrics::counter& claim_failures_;
     metrics::histogram& claim_size_;
     metrics::family<metrics::counter>& wakes_;
+    std::array<metrics::counter*, 4> wake_counters_{};  // by wake_source, looked up once
     metrics::counter& sweeps_;
     metrics::counter& reconnects_;
     metrics::family<metrics::gauge>& circuit_;

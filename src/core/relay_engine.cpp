@@ -425,15 +425,27 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
     // now but claimed only once that destination can take it; other
     // destinations, and other events, go on. Answers never come back inside
     // send(), so `waiting` is complete before the first one.
+    // (A send changes only its own destination's lane and circuit, so which
+    // targets can take it is decided before any is sent.)
+    std::vector<std::size_t> sendable;
     for (const auto i : targets) {
-        if (!can_send(i)) {
+        if (can_send(i)) {
+            sendable.push_back(i);
+        } else {
             state->deferred.push_back(i);
-            continue;
         }
-        ++state->waiting;
-        send(i, e, built.headers, unix_now, lease_end, {i, state, std::nullopt});
     }
-    if (state->waiting == 0) settle(*state);
+    state->waiting = sendable.size();
+    if (sendable.empty()) {
+        settle(*state);
+        return;
+    }
+    // The headers are copied for all but the last target, which takes them.
+    for (std::size_t k = 0; k + 1 < sendable.size(); ++k) {
+        send(sendable[k], e, built.headers, unix_now, lease_end, {sendable[k], state, std::nullopt});
+    }
+    send(sendable.back(), std::move(e), std::move(built.headers), unix_now, lease_end,
+         {sendable.back(), state, std::nullopt});
 }
 
 void relay_engine::deliver_owed(std::shared_ptr<const event> e, header_list headers, std::int64_t unix_now,
@@ -609,8 +621,11 @@ void relay_engine::start_waiting(std::size_t i, owed_item item) {
 
 relay_engine::destination_result relay_engine::judge(std::size_t i, std::int32_t attempt, const send_result& r) {
     const attempt_report report{r.transport_error, r.status, r.error, r.retry_after, r.body_excerpt};
-    return {i, classify_attempt(report, attempt, cfg_.destinations[i].retry, unit_(rng_), clock_.wall()),
-            r.transport_error ? std::nullopt : std::optional<int>(static_cast<int>(r.status)), r.body_excerpt};
+    auto outcome = classify_attempt(report, attempt, cfg_.destinations[i].retry, unit_(rng_), clock_.wall());
+    // The response excerpt is kept only where it is written: in a dead letter.
+    auto excerpt = outcome.what == delivery_outcome::kind::dead ? r.body_excerpt : std::string{};
+    return {i, std::move(outcome), r.transport_error ? std::nullopt : std::optional<int>(static_cast<int>(r.status)),
+            std::move(excerpt)};
 }
 
 void relay_engine::log_result(const event& e, const destination_result& res, std::int32_t attempt,

@@ -5,6 +5,7 @@
 
 #include "pg/named_queries.hpp"
 #include "pg/params.hpp"
+#include "pg/sql_arrays.hpp"
 #include "pg/typed_query.hpp"
 
 namespace outboxd::pg {
@@ -60,15 +61,14 @@ std::vector<std::int64_t> replay_dead(pqxx::connection& conn, const std::string&
     // Two statements: the replay must see what a relay that held these
     // events' locks committed (see dead_replay_lock in queries.sql).
     (void)exec_params(tx, book, q::dead_replay_serialize::args{.schema = schema});
-    std::string locked = "{";
+    std::vector<std::int64_t> locked_ids;
     for (const auto& row : exec_params(tx, book,
                                        q::dead_replay_lock::args{.id = nullable(id),
                                                                  .topic_regex = nullable(filter.topic),
                                                                  .older_than_ms = nullable(older)})) {
-        if (locked.size() > 1) locked.push_back(',');
-        locked += row[q::dead_replay_lock::col::id].c_str();
+        locked_ids.push_back(row[q::dead_replay_lock::col::id].as<std::int64_t>());
     }
-    locked.push_back('}');
+    const auto locked = number_array(locked_ids, [](std::int64_t i) { return i; });
     const auto r = exec_params(tx, book,
                                q::dead_replay::args{.id = nullable(id),
                                                     .topic_regex = nullable(filter.topic),

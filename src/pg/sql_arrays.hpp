@@ -46,4 +46,10 @@ std::string text_array(const Items& items, Field field) {
     return out;
 }
 
+// A text[] literal of strings.
+template <typename Strings>
+std::string text_array(const Strings& items) {
+    return text_array(items, [](const std::string& s) { return std::optional<std::string>(s); });
+}
+
 }  // namespace outboxd::pg

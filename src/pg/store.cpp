@@ -29,7 +29,7 @@ std::optional<std::string> status_text(std::optional<int> status) {
 using prepared = query_list<q::complete, q::reschedule, q::bury, q::release, q::fan_out, q::fan_out_deliveries,
                             q::fan_out_dead, q::lock_events, q::complete_deliveries, q::reschedule_delivery,
                             q::bury_delivery, q::delete_finished_events, q::purge_idempotency_keys,
-                            q::purge_dead_letters>;
+                            q::purge_dead_letters, q::hand_back, q::hand_back_delivery>;
 
 }  // namespace
 
@@ -48,7 +48,7 @@ namespace {
 std::string known_destination_sql(const std::optional<std::vector<std::string>>& destinations) {
     if (!destinations) return "true";
     return fmt::format("destination = ANY ({}::text[])",
-                       quote_literal(text_array(*destinations, [](const std::string& d) { return std::optional(d); })));
+                       quote_literal(text_array(*destinations)));
 }
 
 }  // namespace
@@ -345,11 +345,10 @@ std::size_t store::release_one_waiting_delivery(const std::string& destination) 
 bool store::hand_back(lease_ref e, std::chrono::milliseconds delay) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        return exec_params(tx, queries_,
-                           q::hand_back::args{.id = e.id,
-                                              .attempt = e.attempt,
-                                              .owner = owner_,
-                                              .delay_ms = static_cast<long long>(delay.count())})
+        return run(tx, q::hand_back::args{.id = e.id,
+                                          .attempt = e.attempt,
+                                          .owner = owner_,
+                                          .delay_ms = static_cast<long long>(delay.count())})
                    .size() == 1;
     });
 }
@@ -357,12 +356,11 @@ bool store::hand_back(lease_ref e, std::chrono::milliseconds delay) {
 bool store::hand_back_delivery(const delivery_ref& d, std::chrono::milliseconds delay) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        return exec_params(tx, queries_,
-                           q::hand_back_delivery::args{.id = d.id,
-                                                       .destination = d.destination,
-                                                       .attempt = d.attempt,
-                                                       .owner = owner_,
-                                                       .delay_ms = static_cast<long long>(delay.count())})
+        return run(tx, q::hand_back_delivery::args{.id = d.id,
+                                                   .destination = d.destination,
+                                                   .attempt = d.attempt,
+                                                   .owner = owner_,
+                                                   .delay_ms = static_cast<long long>(delay.count())})
                    .size() == 1;
     });
 }
@@ -404,7 +402,7 @@ store::takeover store::take_over_dead_relays() {
             out.relays.push_back(row[q::find_dead_relays::col::lease_owner].as<std::string>());
         }
         if (!out.relays.empty()) {
-            const auto owners = text_array(out.relays, [](const std::string& o) { return std::optional(o); });
+            const auto owners = text_array(out.relays);
             out.leases = exec_params(tx, queries_, q::take_over_leases::args{.owners = owners}).size();
         }
         tx.commit();
