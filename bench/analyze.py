@@ -233,6 +233,8 @@ def report(metrics: list[dict], env: dict) -> str:
                f"synchronous_commit={env.get('synchronous_commit', '?')}, "
                f"wal_sync_method={env.get('wal_sync_method', '?')} (durable commits, as users run it). ")
     dsn_params = f", database URL parameters `{env['outboxd_dsn_params']}`" if env.get("outboxd_dsn_params") else ""
+    if env.get("outboxd_wake"):
+        dsn_params += f", `--wake {env['outboxd_wake']}`" + (" (notify trigger removed)" if env["outboxd_wake"] == "poll" else "")
     out.append(f"{env.get('outboxd', 'outboxd ?')}, `--concurrency {env.get('concurrency', 'default')}`{dsn_params}. "
                f"Scenarios: {env.get('scenarios', '?')}. Medians of {env.get('runs', '?')} run(s) per cell.")
     out.append("")

@@ -302,6 +302,8 @@ class Bench:
                 cmd += ["--url", self.receiver.url]
             if self.args.concurrency:
                 cmd += ["--concurrency", str(self.args.concurrency)]
+            if self.args.outboxd_wake:
+                cmd += ["--wake", self.args.outboxd_wake]
         else:
             cmd = [str(self.baseline), "--database-url", self.baseline_url(), "--url", self.receiver.url]
         with open(log_path, "w") as err:  # the child keeps its own copy of the descriptor
@@ -494,15 +496,25 @@ class Bench:
             "outboxd": version,
             "concurrency": self.args.concurrency or "32 (default)",
             "outboxd_dsn_params": self.args.outboxd_dsn_params or "",
+            "outboxd_wake": self.args.outboxd_wake or "",
             "runs": self.args.runs,
             "scenarios": ", ".join(scenarios) + (" (--quick: shortened)" if self.quick else ""),
             "scenario_lines": lines,
             "load_start": load_average(),
         }
 
+    def wake_trigger(self, action: str) -> None:
+        r = subprocess.run([str(self.outboxd), "--database-url", self.args.database_url, "--schema",
+                            self.args.schema, "wake-trigger", action], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"outboxd wake-trigger {action} failed ({r.returncode}): {r.stderr.strip()}")
+
     def run(self) -> int:
         scenarios = [s for s in ALL_SCENARIOS if s in self.args.scenario] if self.args.scenario else ALL_SCENARIOS
         env = self.environment(scenarios)
+        if self.args.outboxd_wake == "poll":
+            # The producers' commits without the notify trigger: poll mode needs none.
+            self.wake_trigger("remove")
         if env["fsync"] != "on" or env["synchronous_commit"] != "on":
             log("WARNING: fsync or synchronous_commit is off: these are not the numbers users get")
         metrics = []
@@ -544,6 +556,9 @@ def main() -> int:
     ap.add_argument("--outboxd-dsn-params", default="",
                     help="URI parameters added to outboxd's database URL only, to try a setting, e.g. "
                          "'options=-csynchronous_commit%%3Doff'")
+    ap.add_argument("--outboxd-wake", choices=["auto", "notify", "poll"],
+                    help="outboxd's relay.wake (default: its own); poll also removes the notify trigger, "
+                         "so the producers commit into a trigger-less outbox")
     args = ap.parse_args()
     if not 1 <= args.runs <= 20:
         ap.error("--runs must be 1..20")

@@ -2,7 +2,8 @@
 # The outboxd benchmark (issue 5), one command:
 #
 #   bench/run.sh [--runs N] [--scenario NAME]... [--quick] [--concurrency N]
-#                [--receiver-threads N] [--outboxd-dsn-params P] [--keep-raw] [--no-build]
+#                [--receiver-threads N] [--outboxd-dsn-params P] [--outboxd-wake MODE]
+#                [--keep-raw] [--no-build]
 #
 #   --runs N            runs per scenario and relay; the table shows medians (default 3)
 #   --scenario NAME     paced | flat | backlog | many | idle | js-paced | js-backlog
@@ -12,6 +13,8 @@
 #   --receiver-threads  threads of the HTTP receiver (default 1)
 #   --outboxd-dsn-params P  URI parameters for outboxd's database URL only, to try
 #                       a setting (e.g. 'options=-csynchronous_commit%3Doff')
+#   --outboxd-wake MODE auto | notify | poll: outboxd's relay.wake; poll removes
+#                       the notify trigger first (producers commit trigger-less)
 #   --keep-raw          keep the raw per-event files (printed path under /tmp)
 #   --no-build          use the binaries already in build/
 #
@@ -31,7 +34,7 @@ runs=3
 build=1
 keep_raw=0
 py_args=()
-usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --runs) runs=${2:?--runs needs a number}; shift 2 ;;
@@ -40,6 +43,7 @@ while (($#)); do
     --concurrency) py_args+=(--concurrency "${2:?--concurrency needs a number}"); shift 2 ;;
     --receiver-threads) py_args+=(--receiver-threads "${2:?--receiver-threads needs a number}"); shift 2 ;;
     --outboxd-dsn-params) py_args+=(--outboxd-dsn-params "${2:?--outboxd-dsn-params needs a value}"); shift 2 ;;
+    --outboxd-wake) py_args+=(--outboxd-wake "${2:?--outboxd-wake needs a mode}"); shift 2 ;;
     --keep-raw) keep_raw=1; shift ;;
     --no-build) build=0; shift ;;
     -h|--help) usage ;;
