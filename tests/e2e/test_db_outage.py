@@ -63,6 +63,7 @@ class BlackholeProxy:
         self.port = self.server.getsockname()[1]
         self._lock = threading.Lock()
         self._silent = False
+        self._lose_answer: bytes | None = None
         self._conns: list[dict] = []  # {"client", "upstream", "live"}
         self._stop = threading.Event()
         self.accepted = 0
@@ -81,6 +82,14 @@ class BlackholeProxy:
             self._silent = True
             for c in self._conns:
                 c["live"] = False
+
+    def lose_answer_containing(self, marker: bytes) -> None:
+        """The first answer from the database that carries `marker` never
+        arrives, and its connection goes silent both ways from then on: the
+        statement ran (and committed) at the server, its client never learns
+        what it did. Other connections are untouched."""
+        with self._lock:
+            self._lose_answer = marker
 
     def restore(self) -> None:
         """New connections are forwarded again; old ones stay silent."""
@@ -130,6 +139,12 @@ class BlackholeProxy:
                 if not data:
                     self._close(conn)
                     return
+                if s is upstream:
+                    with self._lock:
+                        if self._lose_answer is not None and self._lose_answer in data:
+                            self._lose_answer = None
+                            conn["live"] = False
+                            break
                 try:
                     other.sendall(data)
                 except OSError:
@@ -219,6 +234,38 @@ def test_a_silent_database_is_noticed_in_seconds_and_nothing_is_lost(db, proxy, 
         recovered = time.monotonic() - t_back
         assert r.alive(), r.log()
         print(f"noticed after {noticed:.1f}s, all delivered {recovered:.1f}s after the database came back")
+        assert r.stop() == EXIT_OK, r.log()
+
+
+def test_a_claim_whose_answer_is_lost_does_not_hold_its_events_until_the_lease_expires(
+        db, proxy, relay, database_url):
+    """A claim commits at the server, and its answer never reaches outboxd
+    (the connection went silent in between). The events it leased are
+    outboxd's own, but it never learned of them, and its previous session
+    lives on at the server (nothing closed it), so no takeover frees them.
+    Once it has a new claim connection it must hand back its leases that
+    nothing of it holds, instead of leaving those events to wait out the
+    lease (30 s here): delivered within seconds, once."""
+    with Receiver() as rx:
+        r = relay(rx, "--sweep-interval", "1h", "--lease", "30s",
+                  database_url=proxy.url_for(database_url), env=FAST_TIMEOUTS)
+        warm = db.enqueue("warm", {"n": 0})
+        assert wait_delivered(rx, [warm], timeout=10), r.log()
+
+        mark = len(r.log())
+        proxy.lose_answer_containing(b"answer-lost-7f3a")
+        t0 = time.monotonic()
+        lost = db.enqueue("lost", {"marker": "answer-lost-7f3a"})
+        assert wait_until(lambda: _log_has(r, r"claim failed", mark), timeout=8), \
+            f"the claim whose answer was lost was not given up\n{r.log()[mark:]}"
+        assert db.event(lost) is not None and db.event(lost)["lease_owner"] is not None, \
+            f"the lost claim did not lease the event (the test set-up failed): {db.event(lost)}"
+        after = db.enqueue("after", {"n": 1})
+        assert wait_delivered(rx, [lost, after], timeout=10), \
+            (f"{time.monotonic() - t0:.1f}s after the lost claim, not delivered: "
+             f"{sorted({lost, after} - set(rx.delivered_ids()))}; outbox: {db.events()}\n{r.log()[mark:]}")
+        assert rx.delivered_ids().count(lost) == 1, rx.delivered_ids()
+        assert db.wait_empty(timeout=10), (db.events(), r.log()[mark:])
         assert r.stop() == EXIT_OK, r.log()
 
 
