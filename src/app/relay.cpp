@@ -64,6 +64,7 @@ public:
                                         std::span<const std::string> destinations) override {
         return store_.claim_deliveries(size, lease, destinations);
     }
+    std::size_t release_untracked(const held_leases& keep) override { return store_.release_untracked(keep); }
 
 private:
     pg::store& store_;

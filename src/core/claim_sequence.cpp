@@ -43,6 +43,7 @@ bool claim_deliveries(claim_port& db, const claim_request& request, std::size_t 
 
 claim_outcome run_claim(claim_port& db, const claim_request& request) {
     claim_outcome out;
+    if (request.release_all_but) out.released = db.release_untracked(*request.release_all_but);
     out.drain_watermark = request.drain_watermark;
     out.low_mark = request.low_mark;
     const auto& open = request.open_destinations;

@@ -44,6 +44,8 @@ public:
     // Up to `size` due deliveries to these destinations, leased for `lease`.
     [[nodiscard]] virtual std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds lease,
                                                               std::span<const std::string> destinations) = 0;
+    // Hands back every lease of ours but those in `keep`; returns how many.
+    virtual std::size_t release_untracked(const held_leases& keep) = 0;
 };
 
 // A destination that can take requests now, and how many.
@@ -62,6 +64,9 @@ struct claim_request {
     bool deliveries_due = true;  // the last claim saw deliveries due
     std::optional<claim_watermark> drain_watermark;
     std::optional<std::string> low_mark;
+    // A claim failed, maybe after it committed (its answer lost): first hand
+    // back every lease of ours but these, the ones the relay holds.
+    std::optional<held_leases> release_all_but;
 };
 
 struct claim_outcome {
@@ -73,6 +78,8 @@ struct claim_outcome {
     bool deliveries_due = false;
     std::optional<claim_watermark> drain_watermark;
     std::optional<std::string> low_mark;
+    // Leases handed back by request.release_all_but.
+    std::size_t released = 0;
     // When the statements began (by the relay's steady clock): leases run
     // from about then.
     std::chrono::steady_clock::time_point started{};

@@ -66,6 +66,13 @@ struct delivery_outcomes {
     [[nodiscard]] bool empty() const noexcept { return delivered.empty() && retries.empty() && dead.empty(); }
 };
 
+// The leases a relay holds: claimed, their outcome not yet recorded.
+struct held_leases {
+    std::vector<std::int64_t> events;
+    std::vector<std::int64_t> delivery_ids;  // parallel to delivery_destinations
+    std::vector<std::string> delivery_destinations;
+};
+
 // Where the last full claim of events stopped, in claim order
 // (available_at, id): the next claim of a draining backlog starts behind it.
 struct claim_watermark {

@@ -157,7 +157,8 @@ void relay_engine::start_claim(std::size_t n) {
         }
         n = std::min(n, probes);
     }
-    claim_request request{n, cfg_.lease, {}, deliveries_due_, drain_watermark_, low_mark_};
+    claim_request request{n, cfg_.lease, {}, deliveries_due_, drain_watermark_, low_mark_, {}};
+    if (claim_answer_unknown_) request.release_all_but = ledger_.held();
     // Deliveries are claimed only for destinations that can take them now,
     // as many as each has free connections.
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
@@ -172,6 +173,11 @@ void relay_engine::start_claim(std::size_t n) {
 
 void relay_engine::claimed(claim_outcome result) {
     claim_backoff_.reset();
+    claim_answer_unknown_ = false;
+    if (result.released > 0) {
+        log::warn("handed back leases taken by a claim whose answer was lost; they are due now",
+                  {{"leases", str(static_cast<std::int64_t>(result.released))}});
+    }
     confirmed_empty_ = std::exchange(confirming_, false) && result.events.empty();
     deliveries_due_ = result.deliveries_due;
     drain_watermark_ = std::move(result.drain_watermark);
@@ -201,7 +207,10 @@ void relay_engine::claimed(claim_outcome result) {
     // started at its statement's now(), and the statements (which may wait
     // on another claim's key hold) and the hand-off take time.
     const auto lease_end = result.started + cfg_.lease;
-    for (auto& e : events) ready_.push_back({std::make_shared<const event>(std::move(e)), lease_end});
+    for (auto& e : events) {
+        ledger_.claimed(e);
+        ready_.push_back({std::make_shared<const event>(std::move(e)), lease_end});
+    }
     pump();
     start_claim(next);
     maybe_finish();
@@ -217,6 +226,8 @@ void relay_engine::claimed(claim_outcome result) {
 void relay_engine::claim_failed(const std::string& why) {
     (void)dispatch_.on_claim_failed();
     confirming_ = false;
+    // It may have committed and lost only its answer (the connection died).
+    claim_answer_unknown_ = true;
     claim_backing_off_ = true;
     apply_resets_after_claim();
     if (metrics_ != nullptr) metrics_->claim_failed(why);
@@ -802,6 +813,7 @@ void relay_engine::outcomes_written(std::size_t fenced) {
     if (!writing_) return;
     const auto batch = std::exchange(writing_, nullptr);
     const auto retry_in = std::exchange(writing_retry_in_, std::nullopt);
+    ledger_.recorded(*batch);
     ++flushes_recorded_;
     flush_backoff_.reset();
     if (fenced > 0) {

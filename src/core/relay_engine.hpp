@@ -93,6 +93,7 @@
 #include "core/db_backoff.hpp"
 #include "core/delivery_outcome.hpp"
 #include "core/dispatcher.hpp"
+#include "core/lease_ledger.hpp"
 #include "core/event.hpp"
 #include "core/outcome_batch.hpp"
 #include "core/rate_meter.hpp"
@@ -421,6 +422,10 @@ private:
     bool confirming_ = false;
     bool confirmed_empty_ = false;
     bool claim_backing_off_ = false;  // a claim failed: none before claim_retry
+    // A claim failed, perhaps after it committed: the next one first hands
+    // back the leases of ours that ledger_ does not hold.
+    bool claim_answer_unknown_ = false;
+    lease_ledger ledger_;
 };
 
 }  // namespace outboxd

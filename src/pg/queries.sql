@@ -339,6 +339,38 @@ SELECT id FROM events_released
 UNION ALL
 SELECT event_id FROM deliveries_released;
 
+-- name: release_untracked
+-- params: owner, keep_ids, keep_delivery_ids, keep_delivery_destinations
+-- After a claim whose answer was lost (the connection died between the
+-- claim's commit and its answer): every lease of ours that the relay does
+-- not hold (keep_*: what it holds, claimed and not yet recorded) was taken
+-- by that claim, for events nobody will send. Handed back due now, the
+-- claim's attempt taken back: no request was made. Without this they wait
+-- out the lease, as no takeover frees the leases of a relay that lives.
+-- Only leases still running (see take_over_leases).
+WITH events_released AS (
+    UPDATE :"schema".events
+    SET available_at = now(), lease_owner = NULL, attempts = attempts - 1
+    WHERE lease_owner = $1 AND available_at > now() AND available_at < 'infinity'
+      AND id <> ALL ($2::bigint[])
+    RETURNING id, ordering_key
+), deliveries_released AS (
+    UPDATE :"schema".deliveries
+    SET available_at = now(), lease_owner = NULL, attempts = attempts - 1
+    WHERE lease_owner = $1 AND available_at > now()
+      AND (event_id, destination) NOT IN (SELECT * FROM unnest($3::bigint[], $4::text[]))
+    RETURNING event_id, destination, ordering_key
+), unheld AS (
+    DELETE FROM :"schema".key_holds h
+    WHERE (h.ordering_key, h.destination, h.event_id) IN (
+        SELECT ordering_key, '', id FROM events_released WHERE ordering_key IS NOT NULL
+        UNION ALL
+        SELECT ordering_key, destination, event_id FROM deliveries_released WHERE ordering_key IS NOT NULL)
+)
+SELECT id FROM events_released
+UNION ALL
+SELECT event_id FROM deliveries_released;
+
 -- name: fan_out
 -- params: id, attempt, owner
 -- Some destination failed (or the event's key has deliveries waiting): park

@@ -241,6 +241,21 @@ std::size_t store::finish_deliveries(const delivery_outcomes& outcomes) {
     });
 }
 
+std::size_t store::release_untracked(const held_leases& keep) {
+    return session_.run([&](pqxx::connection& c) {
+        hold_session_lock(c);
+        pqxx::nontransaction tx(c);
+        const auto same = [](std::int64_t id) { return id; };
+        // Rare (after a failed claim): not prepared.
+        return exec_params(tx, queries_, q::release_untracked::args{.owner = owner_,
+                                                                   .keep_ids = number_array(keep.events, same),
+                                                                   .keep_delivery_ids = number_array(keep.delivery_ids, same),
+                                                                   .keep_delivery_destinations =
+                                                                       text_array(keep.delivery_destinations)})
+            .size();
+    });
+}
+
 std::size_t store::release() {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);

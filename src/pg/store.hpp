@@ -117,6 +117,10 @@ public:
     [[nodiscard]] std::size_t finish_deliveries(const delivery_outcomes& outcomes);
     // Hands back every event and delivery we still hold, due now. Returns how many.
     std::size_t release();
+    // Hands back, due now and with the claim's attempt taken back, every
+    // lease of ours but those in `keep` (a claim's answer was lost). On the
+    // claim connection. Returns how many.
+    std::size_t release_untracked(const held_leases& keep);
 
     // Deletes key holds that expired an hour ago or more. Returns how many.
     std::size_t forget_expired_key_holds();

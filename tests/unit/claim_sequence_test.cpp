@@ -40,8 +40,13 @@ public:
         delivery_answers.pop_front();
         return r;
     }
+    std::size_t release_untracked(const held_leases& keep) override {
+        calls.push_back({"release", keep.events.size() + keep.delivery_ids.size(), {}, {}, keep.delivery_destinations});
+        return released;
+    }
     std::deque<claim_result> event_answers;
     std::deque<std::vector<event>> delivery_answers;
+    std::size_t released = 0;
     std::vector<call> calls;
 };
 
@@ -191,4 +196,28 @@ TEST_CASE("claim sequence: no more deliveries for a destination than it has free
     CHECK(db.calls[3].size == 4);  // 16 - 9 = 7 left: the prepared size 4
     CHECK(out.events.size() == 9);
     CHECK(out.full);  // "slow" came back full: more may be due there
+}
+
+TEST_CASE("claim sequence: after a failed claim, untracked leases are handed back before anything is claimed") {
+    scripted_port db;
+    db.event_answers.push_back(picked(7, 2));
+    db.released = 3;
+    auto r = request(8);
+    r.release_all_but = held_leases{{4, 5}, {6}, {"a"}};
+    const auto out = run_claim(db, r);
+    REQUIRE(db.calls.size() == 2);
+    CHECK(db.calls[0].what == "release");
+    CHECK(db.calls[0].size == 3);  // what the relay holds is kept
+    CHECK(db.calls[0].destinations == std::vector<std::string>{"a"});
+    CHECK(db.calls[1].what == "events");
+    CHECK(out.released == 3);
+    CHECK(out.events.size() == 2);
+}
+
+TEST_CASE("claim sequence: an ordinary claim hands nothing back") {
+    scripted_port db;
+    db.event_answers.push_back(picked(1, 1));
+    (void)run_claim(db, request(8));
+    REQUIRE(db.calls.size() == 1);
+    CHECK(db.calls[0].what == "events");
 }
