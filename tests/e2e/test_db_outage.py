@@ -266,6 +266,18 @@ def test_a_claim_whose_answer_is_lost_does_not_hold_its_events_until_the_lease_e
              f"{sorted({lost, after} - set(rx.delivered_ids()))}; outbox: {db.events()}\n{r.log()[mark:]}")
         assert rx.delivered_ids().count(lost) == 1, rx.delivered_ids()
         assert db.wait_empty(timeout=10), (db.events(), r.log()[mark:])
+
+        # Its old session lives on at the server, holding the lock that binds
+        # our leases: each claim tries for it once, it does not wait for it.
+        # (A claim that waited would take 180 ms of retries, at least.)
+        recovered = len(r.log())
+        for n in range(9):
+            one = db.enqueue("later", {"n": n})
+            assert wait_delivered(rx, [one], timeout=10), r.log()[recovered:]
+        claims = [int(us) for us in re.findall(r"msg=claimed .*?claim_us=(\d+)", r.log()[recovered:])]
+        assert claims, r.log()[recovered:]
+        median_ms = sorted(claims)[len(claims) // 2] / 1000
+        assert median_ms < 100, f"claims took {claims} us while the old session held the lock"
         assert r.stop() == EXIT_OK, r.log()
 
 
