@@ -393,11 +393,11 @@ void store::bind_leases_to_session() {
 // Before any claim on a session: a lease it stamps is then covered by the
 // lock (see register_relay), or, while our previous session still holds it,
 // by that one.
-void store::register_session(pqxx::connection& c) {
+void store::register_session(pqxx::connection& c, int tries) {
     // A previous session that we closed ends at the server a moment later:
-    // a few tries cover that; one that lingers (a partition) is tried again
-    // at the next claim.
-    for (int attempt = 0; attempt < 10; ++attempt) {
+    // a few tries at connect cover that; one that lingers (a partition) is
+    // tried once more at each claim, not waited for there.
+    for (int attempt = 0; attempt < tries; ++attempt) {
         if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
         pqxx::nontransaction tx(c);
         holds_session_lock_ = !exec_params(tx, queries_, q::register_relay::args{.owner = owner_}).empty();
@@ -406,7 +406,7 @@ void store::register_session(pqxx::connection& c) {
 }
 
 void store::hold_session_lock(pqxx::connection& c) {
-    if (bound_to_session_ && !holds_session_lock_) register_session(c);
+    if (bound_to_session_ && !holds_session_lock_) register_session(c, 1);
 }
 
 store::takeover store::take_over_dead_relays() {

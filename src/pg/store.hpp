@@ -210,7 +210,7 @@ public:
 
 private:
     void set_up(pqxx::connection& c);
-    void register_session(pqxx::connection& c);
+    void register_session(pqxx::connection& c, int tries = 10);
     // Before a claim: takes the session lock if this session does not hold it yet.
     void hold_session_lock(pqxx::connection& c);  // session settings and prepared statements
     template <typename Args>
