@@ -461,3 +461,33 @@ TEST_CASE("a dead letter committed while a replay takes its locks waits for the 
     // The next replay takes it (its event is locked then).
     CHECK(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e2});
 }
+
+TEST_CASE("release_untracked hands back our leases but those kept, due now, with the claim's attempt taken back") {
+    installed db{"fan"};
+    auto s = db.store("a");
+    const auto parked = db.enqueue(ev("k"));
+    REQUIRE(claim_all(s, 10).size() == 1);
+    REQUIRE(s.fan_out({parked, 1}, std::vector{owe("audit", 0ms, 0), owe("search", 0ms, 0)}, {}));
+    std::vector<std::int64_t> ids;
+    for (int i = 0; i < 3; ++i) ids.push_back(db.enqueue(ev()));
+    const auto keyed = db.enqueue(ev("k2"));
+    REQUIRE(claim_all(s, 10).size() == 2 + 4);  // both deliveries, four events
+
+    held_leases keep;
+    keep.events = {ids[0]};
+    keep.delivery_ids = {parked};
+    keep.delivery_destinations = {"audit"};
+    CHECK(s.release_untracked(keep) == 3 + 1);  // ids[1], ids[2], keyed; search
+
+    auto b = db.store("b");
+    auto expected = std::vector{at(ids[1], "*"), at(ids[2], "*"), at(keyed, "*"), at(parked, "search")};
+    std::sort(expected.begin(), expected.end());
+    CHECK(claimed(claim_all(b, 10)) == expected);
+    // Taken back: the claim that lost its answer made no request.
+    CHECK(db.query(fmt::format("SELECT attempts FROM {{s}}.events WHERE id = {}", ids[1])) == "1");
+    CHECK(db.query(fmt::format("SELECT attempts FROM {{s}}.deliveries WHERE event_id = {} AND destination = 'search'",
+                               parked)) == "1");
+    // What we kept is still ours: its outcome is recorded.
+    CHECK(s.complete(std::vector{pg::lease_ref{ids[0], 1}}).size() == 1);
+    // The released key's hold went with it (b could claim it above).
+}

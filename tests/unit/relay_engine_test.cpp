@@ -491,6 +491,45 @@ TEST_CASE("relay engine: a failed claim is retried after a growing backoff; the 
     CHECK(s.armed(relay_timer::sweep));
 }
 
+TEST_CASE("relay engine: after a failed claim the next one hands back every lease but those the relay holds") {
+    harness h(one_destination(4));
+    const auto first = h.start();
+    CHECK_FALSE(first.request.release_all_but);  // nothing failed yet
+    auto fanned = make_event(3);
+    fanned.destination = "a";
+    h.claim_returns({make_event(1), make_event(2), fanned}, true);
+    const auto sends = h.all<send_command>();
+    REQUIRE(sends.size() == 3);
+    // A full claim: the engine claims ahead. That claim fails; it may have
+    // committed and lost only its answer.
+    REQUIRE(h.has<claim_command>());
+    h.engine.claim_failed("lost the connection");
+    h.step();
+    const auto retry = h.armed(relay_timer::claim_retry);
+    REQUIRE(retry);
+    // Event 1 is recorded; 2 finished and is being written; 3 is in flight.
+    h.answer(sends[0], ok());
+    REQUIRE(h.has<write_outcomes_command>());
+    h.engine.outcomes_written(0);
+    h.step();
+    h.answer(sends[1], ok());
+    REQUIRE(h.has<write_outcomes_command>());
+
+    h.clock.advance(std::chrono::duration_cast<milliseconds>(retry->at - h.clock.now));
+    h.engine.timer_fired(relay_timer::claim_retry, retry->generation);
+    h.step();
+    const auto again = h.one<claim_command>();
+    REQUIRE(again.request.release_all_but);
+    const auto& keep = *again.request.release_all_but;
+    CHECK(keep.events == std::vector<std::int64_t>{2});
+    CHECK(keep.delivery_ids == std::vector<std::int64_t>{3});
+    CHECK(keep.delivery_destinations == std::vector<std::string>{"a"});
+
+    // Once a claim came back, the next one hands nothing back.
+    h.claim_returns({}, true);
+    for (const auto& c : h.all<claim_command>()) CHECK_FALSE(c.request.release_all_but);
+}
+
 TEST_CASE("relay engine: a timer that fires after it was re-armed or cancelled is ignored") {
     harness h(one_destination(2));
     h.start();
