@@ -14,12 +14,13 @@ wake_mode parse_wake_mode(const std::string& text) {
     if (text == "auto") return wake_mode::automatic;
     if (text == "notify") return wake_mode::notify;
     if (text == "poll") return wake_mode::poll;
+    if (text == "wal") return wake_mode::wal;
     throw std::invalid_argument("unknown wake mode: " + text);  // the configuration checked it
 }
 
 wake_policy::actions wake_policy::started(time now) {
-    if (s_.mode == wake_mode::poll) {
-        start_polling(now);
+    if (s_.mode == wake_mode::poll || s_.mode == wake_mode::wal) {
+        start_polling(now);  // wal: until the stream is up
     } else {
         refresh_at_ = now + s_.refresh_interval;
     }
@@ -58,7 +59,7 @@ wake_policy::actions wake_policy::notified(time now) {
     actions a;
     a.claim = true;
     self_test_until_.reset();
-    if (polling_ && s_.mode != wake_mode::poll) {
+    if (polling_ && listens()) {
         log::info("notifications arrive again; no longer polling");
         polling_ = false;
         poll_at_.reset();
@@ -68,6 +69,26 @@ wake_policy::actions wake_policy::notified(time now) {
         }
     }
     (void)now;
+    return a;
+}
+
+wake_policy::actions wake_policy::stream_up(time now) {
+    actions a;
+    if (!streams_wal()) return a;
+    polling_ = false;
+    poll_at_.reset();
+    a.claim = true;  // what committed before the slot existed is not in the stream
+    (void)now;
+    return a;
+}
+
+wake_policy::actions wake_policy::stream_down(time now) {
+    actions a;
+    if (!streams_wal() || polling_) return a;
+    log::warn("the WAL stream is down: claiming every poll_interval until it is back",
+              {{"poll_interval", format_duration(s_.poll_interval)}});
+    start_polling(now);
+    a.claim = true;  // a commit may have been on its way in the lost stream
     return a;
 }
 

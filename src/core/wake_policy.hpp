@@ -12,6 +12,11 @@
 //           notify; the relay claims back to back, and every busy_poll after
 //           a claim that found nothing).
 //   poll    no LISTEN, no declaration; a claim every poll_interval.
+//   wal     no LISTEN, no declaration, no trigger: a logical replication
+//           stream (src/pg/wal_listener) reports each commit that inserted
+//           into the outbox. Claims every poll_interval while the stream is
+//           down (startup included); a claim when it comes (back) up, since
+//           what committed before its slot existed is not in the stream.
 //
 // auto: busy -> idle without losing a commit. A producer reads the
 // declaration when it inserts and may commit much later. After idle_after of
@@ -42,7 +47,7 @@
 
 namespace outboxd {
 
-enum class wake_mode { automatic, notify, poll };
+enum class wake_mode { automatic, notify, poll, wal };
 [[nodiscard]] wake_mode parse_wake_mode(const std::string& text);
 
 class wake_policy {
@@ -75,12 +80,17 @@ public:
 
     explicit wake_policy(settings s) : s_(s) {}
 
-    [[nodiscard]] bool listens() const noexcept { return s_.mode != wake_mode::poll; }
+    [[nodiscard]] bool listens() const noexcept {
+        return s_.mode == wake_mode::automatic || s_.mode == wake_mode::notify;
+    }
+    [[nodiscard]] bool streams_wal() const noexcept { return s_.mode == wake_mode::wal; }
 
     // ---- inputs ----
     actions started(time now);                 // after the first drain began
     actions listening(time now);               // LISTEN is (again) active
-    actions notified(time now);                // a notification arrived
+    actions notified(time now);                // a notification (or a WAL commit) arrived
+    actions stream_up(time now);               // wal: the replication stream runs (again)
+    actions stream_down(time now);             // wal: the replication stream is lost
     actions no_trigger(time now);              // producers' inserts notify nobody
     actions claimed(std::size_t got, bool full, time now);
     actions declared(bool ok, time now);       // a declare_wake came back

@@ -143,3 +143,32 @@ TEST_CASE("wake policy: notify mode stays declared idle however much comes in, a
     REQUIRE(a.declare);
     CHECK(*a.declare);
 }
+
+TEST_CASE("wake policy: wal mode polls until the stream is up, claims then and at every commit, polls again when it is lost") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.poll_interval = 100ms;
+    wake_policy w(s);
+    CHECK_FALSE(w.listens());
+    CHECK(w.streams_wal());
+    (void)w.started(t0);
+    CHECK(w.polling());
+    CHECK(*w.next_timer() == t0 + 100ms);
+    CHECK(w.timer(t0 + 100ms).claim);
+    const auto up = w.stream_up(t0 + 150ms);
+    CHECK(up.claim);  // what committed before the slot existed
+    CHECK_FALSE(up.declare);
+    CHECK_FALSE(w.polling());
+    CHECK_FALSE(w.next_timer());  // no declaration to refresh, no self-test
+    const auto n = w.notified(t0 + 200ms);
+    CHECK(n.claim);
+    CHECK_FALSE(n.declare);
+    CHECK_FALSE(w.claimed(5000, true, t0 + 201ms).declare);  // never busy, never declares
+    const auto down = w.stream_down(t0 + 300ms);
+    CHECK(down.claim);
+    CHECK(w.polling());
+    CHECK(*w.next_timer() == t0 + 400ms);
+    CHECK_FALSE(w.stream_down(t0 + 350ms).claim);  // already polling
+    CHECK(w.stream_up(t0 + 500ms).claim);
+    CHECK_FALSE(w.polling());
+}
