@@ -544,6 +544,26 @@ JOIN pg_class c ON c.oid = t.tgrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = 'events' AND t.tgname = 'events_notify';
 
+-- name: wal_wake_readiness
+-- params: publication, schema
+-- What relay.wake = "wal" needs, read at its start so that each missing
+-- piece is reported with what to do (README "Wake-up modes"). A role may
+-- stream if it has REPLICATION or is a superuser; on RDS and Aurora,
+-- membership in rds_replication grants it instead. The counts of slots and
+-- WAL senders are a snapshot: another client may take the last one first,
+-- which the stream then reports when it tries.
+SELECT current_user::text AS role,
+       current_setting('wal_level') AS wal_level,
+       coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false)
+           OR coalesce((SELECT pg_has_role(current_user, oid, 'MEMBER') FROM pg_roles
+                        WHERE rolname = 'rds_replication'), false) AS may_replicate,
+       EXISTS (SELECT 1 FROM pg_publication p
+               JOIN pg_publication_tables t ON t.pubname = p.pubname
+               WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = 'events')
+           AS publication_ready,
+       current_setting('max_replication_slots')::bigint - (SELECT count(*) FROM pg_replication_slots) AS free_slots,
+       current_setting('max_wal_senders')::bigint - (SELECT count(*) FROM pg_stat_replication) AS free_senders;
+
 -- name: wake_trigger_drop_events
 DROP TRIGGER IF EXISTS events_notify ON :"schema".events;
 
