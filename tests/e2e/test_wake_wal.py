@@ -72,11 +72,12 @@ def test_wal_mode_delivers_promptly_with_no_trigger_and_the_sweep_and_poll_an_ho
     # (status updates every keepalive_timeout / 3).
     [slot] = _slots(db, r.pid)
     assert slot["temporary"], slot
-    now_lsn = db.scalar("SELECT pg_current_wal_lsn()::text")
+    now_lsn = db.scalar("SELECT pg_current_wal_insert_lsn()::text")
     assert wait_until(lambda: db.scalar("SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots "
                                         "WHERE slot_name = %s", (now_lsn, slot["slot_name"])), 10), \
         (_slots(db, r.pid), now_lsn)
     assert "level=error" not in r.log()
+    assert "WAL stream lost" not in r.log()  # the same slot all along
 
 
 def test_a_producer_open_across_the_slot_creation_is_delivered_when_it_commits(wal_db, receiver, relay):
