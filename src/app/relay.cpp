@@ -133,11 +133,12 @@ public:
                              feed_wake([](wake_policy& w, auto now) { return w.notified(now); });
                          },
                          [this] {
-                             telemetry_.listen_restored();
+                             if (wal_streamed_) telemetry_.listen_restored();  // a reconnect, not the start
+                             wal_streamed_ = true;
                              feed_wake([](wake_policy& w, auto now) { return w.stream_up(now); });
                          },
                          [this](const std::string& why) {
-                             telemetry_.listen_lost(why);
+                             telemetry_.listen_lost("WAL stream: " + why);
                              feed_wake([](wake_policy& w, auto now) { return w.stream_down(now); });
                          }},
                         cfg().db_keepalive_timeout),
@@ -838,6 +839,7 @@ private:
     bool stopped_waking_ = false;
     pg::listener listener_;
     pg::wal_listener wal_listener_;  // relay.wake = "wal" only
+    bool wal_streamed_ = false;      // the WAL stream has run once
     std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
     // Sinks of configurations a reload replaced: closed, kept until exit so
     // that a request still on its way (a timed-out drain) completes safely.

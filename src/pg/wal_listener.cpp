@@ -184,7 +184,8 @@ bool wal_listener::read_results() {
                      phase::starting);
                 return conn_ != nullptr;
             }
-            continue;
+            lose("the server ended the replication command without streaming");
+            return false;
         }
         const auto status = PQresultStatus(r);
         if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK) {

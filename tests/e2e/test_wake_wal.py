@@ -156,6 +156,26 @@ def test_wal_level_replica_is_refused_at_start_with_exit_8_and_what_to_do(outbox
     assert "rds.logical_replication = 1" in r.log()
 
 
+def test_every_replication_slot_taken_is_refused_at_start_with_exit_8(wal_db, relay, receiver, database_url):
+    db = wal_db
+    free = db.scalar("SELECT current_setting('max_replication_slots')::int - count(*) FROM pg_replication_slots")
+    holders = []
+    try:
+        for i in range(free):
+            # Temporary slots: each goes with the connection that holds it.
+            c = psycopg2.connect(database_url)
+            c.autocommit = True
+            holders.append(c)
+            c.cursor().execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', true)",
+                               (f"e2e_filler_{secrets.token_hex(3)}_{i}",))
+        r = relay(receiver, "--wake", "wal")
+        assert r.wait(15) == EXIT_DB_UNSUITABLE, r.log()
+        assert "every slot is taken (max_replication_slots)" in r.log()
+    finally:
+        for c in holders:
+            c.close()
+
+
 @pytest.fixture
 def plain_role(database_url):
     """A role with every privilege on the outbox (a member of the superuser
