@@ -230,7 +230,12 @@ int cmd_wake_trigger(const parsed_args& args) {
 // (README "Wake-up modes"): the notify triggers for auto and notify, the
 // publication the WAL stream reads for wal, neither for poll. Publication DDL
 // is transactional: all of it commits or none.
-std::vector<std::string> wake_setup_statements(const std::string& schema, const std::string& mode) {
+//
+// column_lists (PostgreSQL 15 and later): the publication sends only the key
+// of each inserted row; the wake-up needs no more, and the server's WAL
+// sender then never renders payloads and headers as text.
+std::vector<std::string> wake_setup_statements(const std::string& schema, const std::string& mode,
+                                               bool column_lists) {
     const pg::query_book book(schema);
     namespace q = pg::q;
     const auto publication = quote_ident(pgoutput::publication_name(schema));
@@ -243,13 +248,23 @@ std::vector<std::string> wake_setup_statements(const std::string& schema, const 
         // Inserts only: the relay wakes for new work, never for its own
         // updates and deletes. deliveries too, as the trigger did: a dead
         // letter replayed to one destination comes back there.
-        out.push_back(fmt::format("CREATE PUBLICATION {} FOR TABLE {}.events, {}.deliveries WITH (publish = 'insert');",
-                                  publication, quote_ident(schema), quote_ident(schema)));
+        out.push_back(fmt::format("CREATE PUBLICATION {} FOR TABLE {}.events{}, {}.deliveries{} "
+                                  "WITH (publish = 'insert');",
+                                  publication, quote_ident(schema), column_lists ? " (id)" : "", quote_ident(schema),
+                                  column_lists ? " (event_id)" : ""));
     }
     for (auto& statement : out) {
-        // One statement per line in --print, each ending with its semicolon.
-        while (!statement.empty() && (statement.back() == '\n' || statement.back() == ' ')) statement.pop_back();
-        if (!statement.ends_with(';')) statement += ';';
+        // The query book's statements carry their comments: keep the SQL only.
+        std::string uncommented;
+        std::istringstream lines(statement);
+        for (std::string line; std::getline(lines, line);) {
+            if (!line.starts_with("--")) uncommented += (uncommented.empty() ? "" : "\n") + line;
+        }
+        while (!uncommented.empty() && (uncommented.back() == '\n' || uncommented.back() == ' ')) {
+            uncommented.pop_back();
+        }
+        if (!uncommented.ends_with(';')) uncommented += ';';
+        statement = std::move(uncommented);
     }
     return out;
 }
@@ -258,16 +273,12 @@ int cmd_wake_setup(const parsed_args& args) {
     const auto& mode = args.subcommand;
     if (args.flag("print")) {
         const auto schema = load_config(args, /*destinations_required=*/false, /*database_required=*/false).schema;
-        // No schema name in the comment: a name with a line break in it would end the comment.
-        fmt::print("-- outboxd wake-setup {}\nBEGIN;\n", mode);
-        for (const auto& statement : wake_setup_statements(schema, mode)) {
-            std::string uncommented;
-            // The query book's statements carry their comments: keep the SQL only.
-            std::istringstream lines(statement);
-            for (std::string line; std::getline(lines, line);) {
-                if (!line.starts_with("--")) uncommented += line + "\n";
-            }
-            fmt::print("{}", uncommented);
+        // No schema name in the comments: a name with a line break in it would end the comment.
+        fmt::print("-- outboxd wake-setup {}\n", mode);
+        if (mode == "wal") fmt::print("-- (PostgreSQL 13 and 14: without the column lists (id) and (event_id))\n");
+        fmt::print("BEGIN;\n");
+        for (const auto& statement : wake_setup_statements(schema, mode, /*column_lists=*/true)) {
+            fmt::print("{}\n", statement);
         }
         fmt::print("COMMIT;\n");
         return exit_ok;
@@ -277,7 +288,9 @@ int cmd_wake_setup(const parsed_args& args) {
     try {
         with_installed_outbox(schema, [&] {
             pqxx::work tx(*conn);
-            for (const auto& statement : wake_setup_statements(schema, mode)) tx.exec(statement);
+            const bool column_lists =
+                tx.exec("SELECT current_setting('server_version_num')::int >= 150000")[0][0].as<bool>();
+            for (const auto& statement : wake_setup_statements(schema, mode, column_lists)) tx.exec(statement);
             tx.commit();
         });
     } catch (const pqxx::broken_connection& e) {

@@ -57,6 +57,16 @@ wake_policy::actions wake_policy::listening(time now) {
 
 wake_policy::actions wake_policy::notified(time now) {
     actions a;
+    if (streams_wal() && !polling_) {
+        if (stream_claim_at_) return a;  // a claim is already set for the end of the gap
+        if (stream_claimed_ && now - *stream_claimed_ < s_.stream_gap && fast_inflow()) {
+            stream_claim_at_ = *stream_claimed_ + s_.stream_gap;
+            return a;
+        }
+        stream_claimed_ = now;
+        a.claim = true;
+        return a;
+    }
     a.claim = true;
     self_test_until_.reset();
     if (polling_ && listens()) {
@@ -88,6 +98,7 @@ wake_policy::actions wake_policy::stream_down(time now) {
     log::warn("the WAL stream is down: claiming every poll_interval until it is back",
               {{"poll_interval", format_duration(s_.poll_interval)}});
     start_polling(now);
+    stream_claim_at_.reset();
     a.claim = true;  // a commit may have been on its way in the lost stream
     return a;
 }
@@ -128,14 +139,25 @@ wake_policy::actions wake_policy::settle(time now) {
     return a;
 }
 
-wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) {
-    actions a;
-    if (s_.mode != wake_mode::automatic || polling_) return a;
+void wake_policy::count_claimed(std::size_t got, time now) {
     if (now - window_start_ >= 100ms) {
+        last_window_busy_ = now - window_start_ < 200ms && window_count_ * 10 >= s_.busy_rate;
         window_start_ = now;
         window_count_ = 0;
     }
     window_count_ += got;
+}
+
+bool wake_policy::fast_inflow() const noexcept { return last_window_busy_ || window_count_ * 10 >= s_.busy_rate; }
+
+wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) {
+    actions a;
+    if (streams_wal()) {
+        count_claimed(got, now);
+        return a;
+    }
+    if (s_.mode != wake_mode::automatic || polling_) return a;
+    count_claimed(got, now);
     switch (state_) {
         case state::idle:
         case state::watching:
@@ -222,6 +244,11 @@ wake_policy::actions wake_policy::timer(time now) {
         refresh_at_ = now + s_.refresh_interval;
         if (!a.declare && state_ != state::settling) a.declare = declared_idle_;
     }
+    if (stream_claim_at_ && *stream_claim_at_ <= now) {
+        stream_claim_at_.reset();
+        stream_claimed_ = now;
+        a.claim = true;
+    }
     if (busy_poll_at_ && *busy_poll_at_ <= now) {
         busy_poll_at_.reset();
         a.claim = true;
@@ -236,7 +263,7 @@ wake_policy::actions wake_policy::timer(time now) {
 
 std::optional<wake_policy::time> wake_policy::next_timer() const {
     std::optional<time> t;
-    for (const auto& c : {self_test_until_, poll_at_, refresh_at_, busy_poll_at_, watch_at_}) {
+    for (const auto& c : {self_test_until_, poll_at_, refresh_at_, busy_poll_at_, watch_at_, stream_claim_at_}) {
         if (c && (!t || *c < *t)) t = c;
     }
     return t;

@@ -17,6 +17,12 @@
 //           into the outbox. Claims every poll_interval while the stream is
 //           down (startup included); a claim when it comes (back) up, since
 //           what committed before its slot existed is not in the stream.
+//           While events come in faster than busy_rate, the commits reported
+//           within stream_gap of the last claim they caused share one claim
+//           at its end: under load, claims of many events each instead of
+//           one claim per commit (the claims' cost is the producers' too,
+//           on the same database); below busy_rate every commit is claimed
+//           at once.
 //
 // auto: busy -> idle without losing a commit. A producer reads the
 // declaration when it inserts and may commit much later. After idle_after of
@@ -66,6 +72,7 @@ public:
         ms watch_interval{10};
         ms watch_slow_after{1'000};
         ms watch_slow_interval{100};
+        ms stream_gap{20};
     };
 
     // What the shell does now.
@@ -129,6 +136,13 @@ private:
     // events claimed in the current rate window
     time window_start_{};
     std::size_t window_count_ = 0;
+    bool last_window_busy_ = false;    // the previous window reached busy_rate
+    // wal: when the stream last caused a claim; a claim held back until then
+    std::optional<time> stream_claimed_;
+    std::optional<time> stream_claim_at_;
+
+    void count_claimed(std::size_t got, time now);
+    [[nodiscard]] bool fast_inflow() const noexcept;
 };
 
 }  // namespace outboxd

@@ -172,3 +172,32 @@ TEST_CASE("wake policy: wal mode polls until the stream is up, claims then and a
     CHECK(w.stream_up(t0 + 500ms).claim);
     CHECK_FALSE(w.polling());
 }
+
+TEST_CASE("wake policy: wal mode claims each commit at once below busy_rate, and shares one claim per stream_gap above it") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.busy_rate = 300;
+    s.stream_gap = 20ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    // Slow inflow: every commit claims at once, however close together.
+    CHECK(w.notified(t0 + 1ms).claim);
+    (void)w.claimed(1, false, t0 + 2ms);
+    CHECK(w.notified(t0 + 3ms).claim);
+    (void)w.claimed(1, false, t0 + 4ms);
+    // 40 events in this window: 400 a second, above busy_rate.
+    (void)w.claimed(38, false, t0 + 5ms);
+    CHECK_FALSE(w.notified(t0 + 6ms).claim);
+    CHECK(*w.next_timer() == t0 + 23ms);      // the gap after the claim at 3ms
+    CHECK_FALSE(w.notified(t0 + 8ms).claim);  // shares the claim set for the end of the gap
+    CHECK(w.timer(t0 + 23ms).claim);
+    CHECK_FALSE(w.next_timer());
+    // A commit long after the last claim is claimed at once, busy or not.
+    CHECK(w.notified(t0 + 60ms).claim);
+    // Slow again: the next windows see few events.
+    (void)w.claimed(1, false, t0 + 150ms);
+    (void)w.claimed(1, false, t0 + 260ms);
+    CHECK(w.notified(t0 + 261ms).claim);
+    CHECK(w.notified(t0 + 262ms).claim);
+}
