@@ -195,9 +195,14 @@ TEST_CASE("wake policy: wal mode claims each commit at once below busy_rate, and
     CHECK_FALSE(w.next_timer());
     // A commit long after the last claim is claimed at once, busy or not.
     CHECK(w.notified(t0 + 60ms).claim);
+    // 200 a second, in a window that ran 150 ms (30 events): not busy.
+    (void)w.claimed(30, false, t0 + 100ms);
+    (void)w.claimed(1, false, t0 + 250ms);
+    CHECK(w.notified(t0 + 251ms).claim);
+    CHECK(w.notified(t0 + 252ms).claim);
     // Slow again: the next windows see few events.
-    (void)w.claimed(1, false, t0 + 150ms);
-    (void)w.claimed(1, false, t0 + 260ms);
-    CHECK(w.notified(t0 + 261ms).claim);
-    CHECK(w.notified(t0 + 262ms).claim);
+    (void)w.claimed(1, false, t0 + 400ms);
+    (void)w.claimed(1, false, t0 + 510ms);
+    CHECK(w.notified(t0 + 511ms).claim);
+    CHECK(w.notified(t0 + 512ms).claim);
 }
