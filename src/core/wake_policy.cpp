@@ -141,7 +141,10 @@ wake_policy::actions wake_policy::settle(time now) {
 
 void wake_policy::count_claimed(std::size_t got, time now) {
     if (now - window_start_ >= 100ms) {
-        last_window_busy_ = now - window_start_ < 200ms && window_count_ * 10 >= s_.busy_rate;
+        // The window ran from its first claim to this one: 100 ms or more.
+        const auto elapsed = std::chrono::duration_cast<ms>(now - window_start_).count();
+        last_window_busy_ = static_cast<long long>(window_count_) * 1000 >=
+                            static_cast<long long>(s_.busy_rate) * elapsed;
         window_start_ = now;
         window_count_ = 0;
     }
