@@ -128,6 +128,56 @@ def test_the_walsender_killed_the_relay_reconnects_and_loses_nothing(wal_db, rec
     assert db.wait_empty(5)
 
 
+def test_a_commit_streamed_before_it_is_visible_is_claimed_once_it_is(outboxd, pg_cluster, make_schema, relay,
+                                                                      receiver):
+    """The WAL sender can stream a commit before the committing backend has
+    left the list of transactions in progress: a claim woken by it may not
+    see the event yet, and no other commit may come to wake the relay again.
+    Synchronous replication with no standby holds a commit exactly there
+    (flushed, streamed, not yet visible) until it is released."""
+    import threading
+    c = pg_cluster()
+    schema = make_schema(url=c.url)
+    _wal_setup(outboxd, c.url, schema)
+    r = relay(receiver, "--wake", "wal", *SLOW, database_url=c.url, schema=schema)
+    assert wait_until(lambda: _started(r), 10), r.log()
+    admin_execute(c.url, "ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+    admin_execute(c.url, "SELECT pg_reload_conf()")
+    from conftest import Db
+    db = Db(c.url, schema)
+    try:
+        producer = db.connect()
+        producer.autocommit = True
+        producer.cursor().execute("SET synchronous_commit = on")  # pg.sh --fast turns it off
+        producer.autocommit = False
+        ids = []
+        # The checkpointer takes the new setting in a moment: until then
+        # commits do not wait. Commit until one does: flushed (so streamed),
+        # waiting for a standby that never comes.
+        for attempt in range(50):
+            committing = threading.Thread(target=lambda: ids.append(db.enqueue("t", {"n": attempt}, conn=producer)))
+            committing.start()
+            if wait_until(lambda: db.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"),
+                          0.3):
+                break
+            committing.join(5)
+        else:
+            pytest.fail("no commit waited for synchronous replication")
+        early = list(ids)  # delivered by their own wake-ups
+        time.sleep(0.5)  # the relay woke and claimed meanwhile (creates the situation)
+        released = db.connect()
+        released.autocommit = True
+        released.cursor().execute("ALTER SYSTEM RESET synchronous_standby_names")
+        released.cursor().execute("SELECT pg_reload_conf()")
+        committing.join(10)
+        assert len(ids) == len(early) + 1, "the producer's commit did not return"
+        visible = time.monotonic()
+        assert wait_delivered(receiver, ids, timeout=5), (ids, r.log())
+        assert time.monotonic() - visible < 2.0
+    finally:
+        db.close()
+
+
 def test_the_slot_is_gone_after_the_relay_exits_even_killed_with_sigkill(wal_db, receiver, relay):
     db = wal_db
     r = relay(receiver, "--wake", "wal", *SLOW)
