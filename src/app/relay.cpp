@@ -128,9 +128,9 @@ public:
                      }},
                     cfg().db_keepalive_timeout),
           wal_listener_(ioc_, o.dsn, cfg().schema,
-                        {[this] {
+                        {[this](std::string xids) {
                              telemetry_.notified();
-                             feed_wake([](wake_policy& w, auto now) { return w.notified(now); });
+                             feed_wake([&](wake_policy& w, auto now) { return w.committed(xids, now); });
                          },
                          [this] {
                              if (wal_streamed_) telemetry_.listen_restored();  // a reconnect, not the start
@@ -359,6 +359,22 @@ private:
                 }
                 net::post(ioc_, [this, remaining = std::move(remaining)]() mutable {
                     feed_wake([&](wake_policy& w, auto now) { return w.watched(std::move(remaining), now); });
+                });
+            });
+        }
+        if (a.check_visible) {
+            // On the claim connection, ahead of the claim it may lead to: a
+            // commit visible to this check is visible to that claim.
+            worker_.submit([this, xids = wake_.unseen()](pg::store& store) {
+                std::string remaining;
+                try {
+                    remaining = store.not_yet_visible(xids);
+                } catch (const std::exception& e) {
+                    log::warn("checking whether streamed commits are visible failed; claiming anyway",
+                              {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+                net::post(ioc_, [this, remaining = std::move(remaining)] {
+                    feed_wake([&](wake_policy& w, auto now) { return w.visible(remaining, now); });
                 });
             });
         }

@@ -117,6 +117,7 @@ decoder::result decoder::message(std::string_view m) {
             if (!r.big_endian(final_lsn) || !r.big_endian(at) || !r.big_endian(xid)) return malformed("short Begin");
             in_transaction_ = true;
             inserted_ = false;
+            xid_ = xid;
             return out;
         }
         case 'R': {  // Relation: id, namespace, name, replica identity, columns...
@@ -148,6 +149,7 @@ decoder::result decoder::message(std::string_view m) {
                 return malformed("short Commit");
             }
             out.wake = in_transaction_ && inserted_;
+            if (out.wake) out.xid = xid_;
             in_transaction_ = false;
             inserted_ = false;
             if (end_lsn > processed_) processed_ = end_lsn;

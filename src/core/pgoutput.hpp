@@ -44,6 +44,7 @@ class decoder {
 public:
     struct result {
         bool wake = false;           // a transaction inserting into a watched table committed
+        std::uint32_t xid = 0;       // wake: its transaction id (Begin's)
         bool reply_now = false;      // the server asked for a status update at once
         bool malformed = false;      // the bytes made no sense: drop the connection
         std::string error;           // what was wrong (malformed)
@@ -69,6 +70,7 @@ private:
     std::set<std::uint32_t> watched_;  // relation ids of the watched tables
     bool in_transaction_ = false;
     bool inserted_ = false;            // the current transaction inserted into a watched table
+    std::uint32_t xid_ = 0;            // the current transaction's id
     lsn processed_ = 0;
 };
 

@@ -55,18 +55,105 @@ wake_policy::actions wake_policy::listening(time now) {
     return a;
 }
 
-wake_policy::actions wake_policy::notified(time now) {
+wake_policy::actions wake_policy::stream_claim(time now) {
     actions a;
-    if (streams_wal() && !polling_) {
-        if (stream_claim_at_) return a;  // a claim is already set for the end of the gap
-        if (stream_claimed_ && now - *stream_claimed_ < s_.stream_gap && fast_inflow()) {
-            stream_claim_at_ = *stream_claimed_ + s_.stream_gap;
-            return a;
-        }
-        stream_claimed_ = now;
+    if (stream_claim_at_) return a;  // a claim is already set for the end of the gap
+    if (stream_claimed_ && now - *stream_claimed_ < s_.stream_gap && fast_inflow()) {
+        stream_claim_at_ = *stream_claimed_ + s_.stream_gap;
+        return a;
+    }
+    stream_claimed_ = now;
+    a.claim = true;
+    return a;
+}
+
+namespace {
+
+std::vector<std::string> split_xids(const std::string& text) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    while (start < text.size()) {
+        auto end = text.find(',', start);
+        if (end == std::string::npos) end = text.size();
+        if (end > start) out.push_back(text.substr(start, end - start));
+        start = end + 1;
+    }
+    return out;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+void wake_policy::start_check(actions& a) {
+    checking_.clear();
+    for (const auto& x : unseen_) checking_ += (checking_.empty() ? "" : ",") + x;
+    check_running_ = true;
+    recheck_at_.reset();
+    a.check_visible = true;
+}
+
+wake_policy::actions wake_policy::committed(const std::string& xids, time now) {
+    actions a;
+    if (!streams_wal() || polling_) {
         a.claim = true;
         return a;
     }
+    for (auto& x : split_xids(xids)) {
+        if (!contains(unseen_, x)) unseen_.push_back(std::move(x));
+    }
+    if (unseen_.empty()) return a;
+    if (!unseen_since_) unseen_since_ = now;
+    if (!check_running_) start_check(a);
+    return a;
+}
+
+wake_policy::actions wake_policy::visible(const std::string& remaining, time now) {
+    actions a;
+    check_running_ = false;
+    const auto still = split_xids(remaining);
+    const auto asked = split_xids(checking_);
+    bool became_visible = false;
+    std::vector<std::string> next;
+    bool arrived_meanwhile = false;
+    for (auto& x : unseen_) {
+        const bool was_asked = contains(asked, x);
+        if (was_asked && !contains(still, x)) {
+            became_visible = true;
+            continue;
+        }
+        arrived_meanwhile = arrived_meanwhile || !was_asked;
+        next.push_back(std::move(x));
+    }
+    unseen_ = std::move(next);
+    if (became_visible) a = stream_claim(now);
+    if (unseen_.empty()) {
+        unseen_since_.reset();
+        return a;
+    }
+    if (unseen_since_ && now - *unseen_since_ >= s_.visibility_give_up) {
+        // Should never happen: the claims that polling and the sweep make find them.
+        log::warn("commits shown by the WAL stream are still not visible; no longer waiting for them",
+                  {{"xids", remaining}});
+        unseen_.clear();
+        unseen_since_.reset();
+        a.claim = true;
+        return a;
+    }
+    if (arrived_meanwhile) {
+        start_check(a);
+    } else {
+        const bool slow = unseen_since_ && now - *unseen_since_ >= s_.watch_slow_after;
+        recheck_at_ = now + (slow ? s_.watch_slow_interval : s_.visibility_recheck);
+    }
+    return a;
+}
+
+wake_policy::actions wake_policy::notified(time now) {
+    actions a;
+    if (streams_wal() && !polling_) return stream_claim(now);
     a.claim = true;
     self_test_until_.reset();
     if (polling_ && listens()) {
@@ -99,6 +186,10 @@ wake_policy::actions wake_policy::stream_down(time now) {
               {{"poll_interval", format_duration(s_.poll_interval)}});
     start_polling(now);
     stream_claim_at_.reset();
+    // Polling claims find them, and the claim when the stream is back.
+    unseen_.clear();
+    unseen_since_.reset();
+    recheck_at_.reset();
     a.claim = true;  // a commit may have been on its way in the lost stream
     return a;
 }
@@ -247,6 +338,7 @@ wake_policy::actions wake_policy::timer(time now) {
         refresh_at_ = now + s_.refresh_interval;
         if (!a.declare && state_ != state::settling) a.declare = declared_idle_;
     }
+    if (recheck_at_ && *recheck_at_ <= now && !check_running_) start_check(a);
     if (stream_claim_at_ && *stream_claim_at_ <= now) {
         stream_claim_at_.reset();
         stream_claimed_ = now;
@@ -266,7 +358,8 @@ wake_policy::actions wake_policy::timer(time now) {
 
 std::optional<wake_policy::time> wake_policy::next_timer() const {
     std::optional<time> t;
-    for (const auto& c : {self_test_until_, poll_at_, refresh_at_, busy_poll_at_, watch_at_, stream_claim_at_}) {
+    for (const auto& c : {self_test_until_, poll_at_, refresh_at_, busy_poll_at_, watch_at_, stream_claim_at_,
+                          recheck_at_}) {
         if (c && (!t || *c < *t)) t = c;
     }
     return t;

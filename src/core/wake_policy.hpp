@@ -23,6 +23,14 @@
 //           one claim per commit (the claims' cost is the producers' too,
 //           on the same database); below busy_rate every commit is claimed
 //           at once.
+//           The WAL shows a commit a moment before the transaction is
+//           visible to other sessions (its commit record is flushed before
+//           the backend leaves the list of running transactions; with
+//           synchronous replication, until a standby confirms). So each
+//           reported commit is first checked (committed: check_visible):
+//           the claim follows once it is visible, and what is not visible
+//           yet is checked again every visibility_recheck (slower after
+//           watch_slow_after), for at most visibility_give_up.
 //
 // auto: busy -> idle without losing a commit. A producer reads the
 // declaration when it inserts and may commit much later. After idle_after of
@@ -50,6 +58,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace outboxd {
 
@@ -73,6 +82,8 @@ public:
         ms watch_slow_after{1'000};
         ms watch_slow_interval{100};
         ms stream_gap{20};
+        ms visibility_recheck{2};
+        ms visibility_give_up{60'000};
     };
 
     // What the shell does now.
@@ -83,6 +94,7 @@ public:
         bool read_in_progress = false;  // transactions_in_progress(), then declared_idle()
         bool watch = false;             // still_in_progress(watched()), then watched()
         bool self_notify = false;       // NOTIFY the channel from another connection
+        bool check_visible = false;     // not_yet_visible(unseen()), then visible()
     };
 
     explicit wake_policy(settings s) : s_(s) {}
@@ -98,6 +110,8 @@ public:
     actions notified(time now);                // a notification (or a WAL commit) arrived
     actions stream_up(time now);               // wal: the replication stream runs (again)
     actions stream_down(time now);             // wal: the replication stream is lost
+    actions committed(const std::string& xids, time now);  // wal: the stream showed these commits
+    actions visible(const std::string& remaining, time now);  // wal: what not_yet_visible() answered
     actions no_trigger(time now);              // producers' inserts notify nobody
     actions claimed(std::size_t got, bool full, time now);
     actions declared(bool ok, time now);       // a declare_wake came back
@@ -108,6 +122,7 @@ public:
     // When timer() is due next; nullopt: nothing to wait for.
     [[nodiscard]] std::optional<time> next_timer() const;
     [[nodiscard]] const std::string& in_progress() const noexcept { return watching_; }
+    [[nodiscard]] const std::string& unseen() const noexcept { return checking_; }
     // Observers (tests, logs).
     [[nodiscard]] bool busy() const noexcept { return state_ == state::busy; }
     [[nodiscard]] bool polling() const noexcept { return polling_; }
@@ -142,6 +157,14 @@ private:
     std::optional<time> stream_claim_at_;
 
     void count_claimed(std::size_t got, time now);
+    actions stream_claim(time now);
+    void start_check(actions& a);
+    // wal: commits the stream showed that were not visible yet, by xid
+    std::vector<std::string> unseen_;
+    std::string checking_;               // what the running check asked about
+    bool check_running_ = false;
+    std::optional<time> recheck_at_;
+    std::optional<time> unseen_since_;
     [[nodiscard]] bool fast_inflow() const noexcept;
 };
 

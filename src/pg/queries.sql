@@ -544,6 +544,21 @@ JOIN pg_class c ON c.oid = t.tgrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = 'events' AND t.tgname = 'events_notify';
 
+-- name: not_yet_visible
+-- params: xids
+-- Of these transactions, whose commits the WAL stream showed (32-bit ids,
+-- comma-separated), those a new snapshot still counts as in progress: the
+-- commit record is flushed (and streamed) before the committing backend
+-- leaves the list of running transactions. In progress for a snapshot:
+-- among its xip, or at or past its xmax (compared modulo 2^32, as xids
+-- wrap).
+WITH snap AS (SELECT pg_current_snapshot() AS s),
+     x AS (SELECT unnest(string_to_array(nullif($1, ''), ','))::bigint AS xid)
+SELECT coalesce(string_agg(x.xid::text, ','), '') AS xids
+FROM x, snap
+WHERE x.xid IN (SELECT i::text::bigint % 4294967296 FROM pg_snapshot_xip(snap.s) AS i)
+   OR (x.xid - pg_snapshot_xmax(snap.s)::text::bigint % 4294967296 + 4294967296) % 4294967296 < 2147483648;
+
 -- name: wal_wake_readiness
 -- params: publication, schema
 -- What relay.wake = "wal" needs, read at its start so that each missing

@@ -199,6 +199,9 @@ public:
         long long free_senders = 0;      // max_wal_senders minus the WAL senders running
     };
     [[nodiscard]] wal_readiness wal_wake_readiness(const std::string& publication);
+    // Of `xids` (32-bit, comma-separated; commits the WAL stream showed),
+    // those a new snapshot does not see committed yet.
+    [[nodiscard]] std::string not_yet_visible(const std::string& xids);
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
     // Before the first connection: the session goes through a transaction

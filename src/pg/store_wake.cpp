@@ -57,6 +57,15 @@ bool store::wake_trigger_installed() {
     });
 }
 
+std::string store::not_yet_visible(const std::string& xids) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_, q::not_yet_visible::args{.xids = xids})
+            .one()[q::not_yet_visible::col::xids]
+            .as<std::string>();
+    });
+}
+
 store::wal_readiness store::wal_wake_readiness(const std::string& publication) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);

@@ -224,7 +224,7 @@ bool wal_listener::read_results() {
 }
 
 void wal_listener::read_stream() {
-    bool woke = false;
+    std::string xids;
     bool reply = false;
     while (conn_ != nullptr) {
         char* buffer = nullptr;
@@ -236,7 +236,7 @@ void wal_listener::read_stream() {
                 lose("undecodable replication message: " + r.error);
                 return;
             }
-            woke = woke || r.wake;
+            if (r.wake) xids += fmt::format("{}{}", xids.empty() ? "" : ",", r.xid);
             reply = reply || r.reply_now;
             continue;
         }
@@ -255,7 +255,7 @@ void wal_listener::read_stream() {
         lose(one_line(PQerrorMessage(conn_)));
         return;
     }
-    if (woke && cb_.on_commit) cb_.on_commit();
+    if (!xids.empty() && cb_.on_commit) cb_.on_commit(std::move(xids));
     if (reply && !stopped_ && conn_ != nullptr) send_status(false);
 }
 

@@ -57,7 +57,10 @@ struct wal_connect_error : std::runtime_error {
 class wal_listener {
 public:
     struct callbacks {
-        std::function<void()> on_commit;     // a transaction that inserted into the outbox committed
+        // Transactions that inserted into the outbox committed: their ids,
+        // comma-separated. The WAL can show a commit a moment before the
+        // transaction is visible to other sessions.
+        std::function<void(std::string xids)> on_commit;
         std::function<void()> on_connected;  // the stream runs (again): claim now
         std::function<void(const std::string& why)> on_lost;
     };

@@ -94,6 +94,7 @@ TEST_CASE("pgoutput: a commit of a transaction that inserted into the events tab
     CHECK_FALSE(d.feed(xlog(insert(16400))).wake);
     const auto r = d.feed(xlog(commit(0x5028)));
     CHECK(r.wake);
+    CHECK(r.xid == 700);
     CHECK_FALSE(r.malformed);
     CHECK_FALSE(d.in_transaction());
     CHECK(d.processed() == 0x5028);

@@ -206,3 +206,35 @@ TEST_CASE("wake policy: wal mode claims each commit at once below busy_rate, and
     CHECK(w.notified(t0 + 511ms).claim);
     CHECK(w.notified(t0 + 512ms).claim);
 }
+
+TEST_CASE("wake policy: wal mode claims a streamed commit once it is visible, and checks again until it is") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.visibility_recheck = 2ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    auto a = w.committed("700,701", t0 + 1ms);
+    CHECK(a.check_visible);
+    CHECK_FALSE(a.claim);
+    CHECK(w.unseen() == "700,701");
+    // Another commit while the check runs: asked about with the next check.
+    CHECK_FALSE(w.committed("702", t0 + 2ms).check_visible);
+    a = w.visible("701", t0 + 3ms);  // 700 visible, 701 not yet
+    CHECK(a.claim);
+    CHECK(a.check_visible);  // 702 came meanwhile: checked at once
+    CHECK(w.unseen() == "701,702");
+    a = w.visible("701", t0 + 4ms);
+    CHECK(a.claim);  // 702 visible
+    CHECK_FALSE(a.check_visible);
+    CHECK(*w.next_timer() == t0 + 6ms);
+    a = w.timer(t0 + 6ms);
+    CHECK(a.check_visible);
+    CHECK(w.unseen() == "701");
+    a = w.visible("", t0 + 7ms);
+    CHECK(a.claim);
+    CHECK_FALSE(w.next_timer());
+    // Visible at the first check: one round trip, then the claim.
+    CHECK(w.committed("703", t0 + 10ms).check_visible);
+    CHECK(w.visible("", t0 + 11ms).claim);
+}
