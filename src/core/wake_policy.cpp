@@ -95,6 +95,18 @@ void wake_policy::start_check(actions& a) {
     a.check_visible = true;
 }
 
+// Under load the check waits for the end of the claim gap, as the claim
+// would: one check and one claim per gap, however many commits came.
+void wake_policy::check_soon(actions& a, time now) {
+    if (check_running_) return;
+    if (fast_inflow() && stream_claimed_ && now - *stream_claimed_ < s_.stream_gap) {
+        const auto at = *stream_claimed_ + s_.stream_gap;
+        if (!recheck_at_ || at < *recheck_at_) recheck_at_ = at;
+        return;
+    }
+    start_check(a);
+}
+
 wake_policy::actions wake_policy::committed(const std::string& xids, time now) {
     actions a;
     if (!streams_wal() || polling_) {
@@ -106,7 +118,7 @@ wake_policy::actions wake_policy::committed(const std::string& xids, time now) {
     }
     if (unseen_.empty()) return a;
     if (!unseen_since_) unseen_since_ = now;
-    if (!check_running_) start_check(a);
+    check_soon(a, now);
     return a;
 }
 
@@ -143,7 +155,7 @@ wake_policy::actions wake_policy::visible(const std::string& remaining, time now
         return a;
     }
     if (arrived_meanwhile) {
-        start_check(a);
+        check_soon(a, now);
     } else {
         const bool slow = unseen_since_ && now - *unseen_since_ >= s_.watch_slow_after;
         recheck_at_ = now + (slow ? s_.watch_slow_interval : s_.visibility_recheck);

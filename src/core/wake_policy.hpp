@@ -159,6 +159,7 @@ private:
     void count_claimed(std::size_t got, time now);
     actions stream_claim(time now);
     void start_check(actions& a);
+    void check_soon(actions& a, time now);
     // wal: commits the stream showed that were not visible yet, by xid
     std::vector<std::string> unseen_;
     std::string checking_;               // what the running check asked about

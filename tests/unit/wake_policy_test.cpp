@@ -238,3 +238,24 @@ TEST_CASE("wake policy: wal mode claims a streamed commit once it is visible, an
     CHECK(w.committed("703", t0 + 10ms).check_visible);
     CHECK(w.visible("", t0 + 11ms).claim);
 }
+
+TEST_CASE("wake policy: wal mode under load checks and claims once per stream_gap") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.busy_rate = 300;
+    s.stream_gap = 20ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    (void)w.claimed(40, false, t0 + 1ms);  // 400 a second
+    CHECK(w.committed("1", t0 + 2ms).check_visible);
+    CHECK(w.visible("", t0 + 3ms).claim);
+    // Within the gap: neither a check nor a claim until its end.
+    CHECK_FALSE(w.committed("2", t0 + 4ms).check_visible);
+    CHECK_FALSE(w.committed("3", t0 + 5ms).check_visible);
+    CHECK(*w.next_timer() == t0 + 23ms);
+    const auto a = w.timer(t0 + 23ms);
+    CHECK(a.check_visible);
+    CHECK(w.unseen() == "2,3");
+    CHECK(w.visible("", t0 + 24ms).claim);
+}
