@@ -158,7 +158,7 @@ wake_policy::actions wake_policy::visible(const std::string& remaining, time now
         check_soon(a, now);
     } else {
         const bool slow = unseen_since_ && now - *unseen_since_ >= s_.watch_slow_after;
-        recheck_at_ = now + (slow ? s_.watch_slow_interval : s_.visibility_recheck);
+        recheck_at_ = slow ? now + s_.watch_slow_interval : now + s_.visibility_recheck;
     }
     return a;
 }

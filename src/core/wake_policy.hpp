@@ -82,7 +82,7 @@ public:
         ms watch_slow_after{1'000};
         ms watch_slow_interval{100};
         ms stream_gap{20};
-        ms visibility_recheck{2};
+        std::chrono::microseconds visibility_recheck{500};
         ms visibility_give_up{60'000};
     };
 
