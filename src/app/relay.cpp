@@ -23,6 +23,7 @@
 #include "app/relay_telemetry.hpp"
 #include "app/sink.hpp"
 #include "app/store_worker.hpp"
+#include "app/wal_wake_checks.hpp"
 #include "core/claim_sequence.hpp"
 #include "core/clock.hpp"
 #include "core/dsn.hpp"
@@ -30,12 +31,12 @@
 #include "core/embedded_sql.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
+#include "core/pgoutput.hpp"
 #include "core/relay_engine.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
 #include "core/wake_policy.hpp"
 #include "nats/subject.hpp"
-#include "core/pgoutput.hpp"
 #include "pg/listener.hpp"
 #include "pg/store.hpp"
 #include "pg/wal_listener.hpp"
@@ -193,12 +194,16 @@ private:
                 trigger_installed = store_.wake_trigger_installed();
             }
             if (wake_.streams_wal()) {
-                check_wal_wake(store_.wal_wake_readiness(pgoutput::publication_name(cfg().schema)));
+                check_wal_wake(store_.wal_wake_readiness(pgoutput::publication_name(cfg().schema)), cfg().schema);
                 if (store_.wake_trigger_installed()) {
                     log::warn("relay.wake = \"wal\" needs no trigger, and the events table still has one: producers "
                               "read relay_wake at every insert for nothing (run `outboxd wake-setup wal`)");
                 }
-                connect_wal_stream();
+                try {
+                    wal_listener_.connect_now();
+                } catch (const pg::wal_connect_error& e) {
+                    throw wal_connect_failure(e, opts_.dsn);
+                }
             }
         } catch (const fatal_error&) {
             throw;
@@ -230,71 +235,6 @@ private:
             feed_wake([&](wake_policy& w, auto now) { return trigger_installed ? w.listening(now) : w.no_trigger(now); });
         }
         feed([this](relay_engine& e) { e.start(message_prefix_, opts_.mode); });
-    }
-
-    // relay.wake = "wal": each thing the server must provide, checked before
-    // the relay starts, so that a missing one is an exit with what to do
-    // rather than a relay polling for ever.
-    void check_wal_wake(const pg::store::wal_readiness& r) const {
-        constexpr std::string_view otherwise = "or choose another relay.wake (README: Wake-up modes)";
-        if (r.wal_level != "logical") {
-            throw fatal_error(exit_db_unsuitable,
-                              fmt::format("relay.wake = \"wal\" needs wal_level = logical; the server has wal_level = "
-                                          "{}. Set wal_level = logical and restart PostgreSQL (RDS and Aurora: "
-                                          "rds.logical_replication = 1; Cloud SQL: cloudsql.logical_decoding = on; "
-                                          "Azure: wal_level = logical), {}",
-                                          r.wal_level, otherwise));
-        }
-        if (!r.may_replicate) {
-            throw fatal_error(exit_permission_denied,
-                              fmt::format("relay.wake = \"wal\" opens a replication connection, and role {} may not: "
-                                          "ALTER ROLE {} REPLICATION (RDS and Aurora: GRANT rds_replication TO {}), {}",
-                                          quote_ident(r.role), quote_ident(r.role), quote_ident(r.role), otherwise));
-        }
-        const auto publication = pgoutput::publication_name(cfg().schema);
-        if (!r.publication_ready) {
-            throw fatal_error(exit_schema_missing,
-                              fmt::format("relay.wake = \"wal\" streams publication {}, which does not exist or does "
-                                          "not publish inserts into {}.events: run `outboxd wake-setup wal` (or apply "
-                                          "the SQL `outboxd wake-setup wal --print` prints)",
-                                          quote_ident(publication), quote_ident(cfg().schema)));
-        }
-        if (r.free_slots <= 0) {
-            throw fatal_error(exit_db_unsuitable,
-                              fmt::format("relay.wake = \"wal\" needs one replication slot per relay, and every slot "
-                                          "is taken (max_replication_slots): raise max_replication_slots and restart "
-                                          "PostgreSQL, or drop slots nobody uses (pg_replication_slots), {}",
-                                          otherwise));
-        }
-        if (r.free_senders <= 0) {
-            throw fatal_error(exit_db_unsuitable,
-                              fmt::format("relay.wake = \"wal\" needs one WAL sender per relay, and every one is "
-                                          "busy (max_wal_senders): raise max_wal_senders and restart PostgreSQL, {}",
-                                          otherwise));
-        }
-    }
-
-    void connect_wal_stream() {
-        try {
-            wal_listener_.connect_now();
-        } catch (const pg::wal_connect_error& e) {
-            using k = pg::wal_connect_error::kind;
-            if (e.why == k::no_replication_privilege) {
-                throw fatal_error(exit_permission_denied,
-                                  fmt::format("relay.wake = \"wal\": the server refused a replication connection "
-                                              "({}): give the role REPLICATION (RDS and Aurora: rds_replication)",
-                                              e.what()));
-            }
-            if (e.why == k::no_wal_senders) {
-                throw fatal_error(exit_db_unsuitable,
-                                  fmt::format("relay.wake = \"wal\": the server has no WAL sender left ({}): raise "
-                                              "max_wal_senders and restart PostgreSQL",
-                                              e.what()));
-            }
-            throw fatal_error(exit_db_unavailable,
-                              fmt::format("cannot open the replication connection ({}): {}", redact_dsn(opts_.dsn),
-                                          e.what()));
-        }
     }
 
     static wake_policy::settings wake_settings(const config& c) {
