@@ -226,6 +226,23 @@ def test_every_replication_slot_taken_is_refused_at_start_with_exit_8(wal_db, re
             c.close()
 
 
+def test_every_wal_sender_busy_is_refused_at_start_with_exit_8(outboxd, pg_cluster, make_schema, relay, receiver):
+    import psycopg2.extras
+    c = pg_cluster()
+    admin_execute(c.url, "ALTER SYSTEM SET max_wal_senders = 1")
+    c.restart()
+    schema = make_schema(url=c.url)
+    _wal_setup(outboxd, c.url, schema)
+    # The one WAL sender, taken by another replication client.
+    other = psycopg2.connect(c.url, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        r = relay(receiver, "--wake", "wal", database_url=c.url, schema=schema)
+        assert r.wait(15) == EXIT_DB_UNSUITABLE, r.log()
+        assert "needs one WAL sender per relay, and every one is busy (max_wal_senders)" in r.log()
+    finally:
+        other.close()
+
+
 @pytest.fixture
 def plain_role(database_url):
     """A role with every privilege on the outbox (a member of the superuser
