@@ -5,7 +5,8 @@
 # durable cluster (fsync and synchronous_commit on).
 #
 #   bench/producer_load.sh [--clients "1 8 32 64"] [--seconds 10] [--runs 3]
-#                          [--modes "none no-wake notify auto-busy auto-live"]
+#                          [--modes "none no-wake notify auto-busy auto-live poll-live wal"]
+#                          [--wal-level logical|replica]
 #
 # Modes (what the producers' transactions pay for):
 #   none        no outbox: the business row alone
@@ -18,8 +19,15 @@
 #               read the declaration and do not notify
 #   auto-live   the trigger with a real `relay.wake = "auto"` relay running
 #               (stdout sink to /dev/null), deciding for itself
+#   poll-live   no trigger, a real `relay.wake = "poll"` relay running: what
+#               a relay's own claims and deliveries cost producers here
+#   wal         no trigger, the publication (`outboxd wake-setup wal`) and a
+#               real `relay.wake = "wal"` relay streaming from its slot
+#               (needs wal_level = logical, the cluster's default here)
 # No relay runs in the other modes: their producer cost does not depend on
 # one, and a relay's CPU would be charged to them on a small machine.
+# --wal-level: the cluster's wal_level (default logical; replica to see
+# what logical costs by itself, e.g. --modes "none no-wake").
 #
 # Prints a Markdown table: median commits/s of `runs` rounds (each runs
 # every mode and client count once) per mode and client count, and each
@@ -34,25 +42,28 @@ cd "$root"
 clients="1 8 32 64"
 seconds=10
 runs=3
-modes="none no-wake notify auto-busy auto-live"
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+modes="none no-wake notify auto-busy auto-live poll-live wal"
+wal_level=logical
+usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --clients) clients=${2:?}; shift 2 ;;
     --seconds) seconds=${2:?}; shift 2 ;;
     --runs) runs=${2:?}; shift 2 ;;
     --modes) modes=${2:?}; shift 2 ;;
+    --wal-level) wal_level=${2:?}; shift 2 ;;
     -h|--help) usage ;;
     *) echo "producer_load.sh: unknown argument: $1" >&2; usage ;;
   esac
 done
+[[ $wal_level == logical || " $modes " != *" wal "* ]] || { echo "producer_load.sh: mode wal needs --wal-level logical" >&2; exit 2; }
 outboxd=${OUTBOXD_BIN:-$root/build/outboxd}
 [[ -x $outboxd ]] || { echo "producer_load.sh: build first (scripts/build.sh)" >&2; exit 1; }
 pgbench=${PG_BINDIR:-/usr/lib/postgresql/15/bin}/pgbench
 
 source scripts/throwaway_pg.sh
 throwaway_dir dir outboxd-producer-load
-throwaway_pg_start "$dir/pg"
+throwaway_pg_start "$dir/pg" "--wal-level=$wal_level"
 url=$PG_URL
 relay_pid=
 stop_relay() {
@@ -86,8 +97,9 @@ set_up_mode() {
   stop_relay
   psql_q -c "TRUNCATE bench_orders, outbox.events, outbox.deliveries, outbox.relay_wake"
   case $1 in
-    none|no-wake) "$outboxd" wake-trigger remove --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
-    *) "$outboxd" wake-trigger install --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
+    none|no-wake|poll-live) "$outboxd" wake-setup poll --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
+    wal) "$outboxd" wake-setup wal --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
+    *) "$outboxd" wake-setup auto --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
   esac
   case $1 in
     notify) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', true, 'infinity')" ;;
@@ -99,6 +111,16 @@ set_up_mode() {
       # Started: its LISTEN is up and it has declared itself.
       for _ in $(seq 100); do
         [[ $(psql_q -Atc "SELECT count(*) FROM outbox.relay_wake") == 1 ]] && break
+        sleep 0.1
+      done
+      ;;
+    poll-live|wal)
+      OUTBOXD_WAKE=${1%-live} "$outboxd" run --database-url "$url" --schema outbox --url stdout --log-level info \
+        >/dev/null 2>"$dir/relay.log" &
+      relay_pid=$!
+      # Started: claiming (poll) or streaming from its slot (wal).
+      for _ in $(seq 100); do
+        grep -q "$([[ $1 == wal ]] && echo "WAL stream started" || echo "relay started")" "$dir/relay.log" && break
         sleep 0.1
       done
       ;;
@@ -154,4 +176,4 @@ for mode in $modes; do
   echo "$line"
 done
 echo
-echo "commits/s, median of $runs runs of ${seconds}s each; (×): ratio to no-wake; $(nproc) CPUs; $(date -u +%F)"
+echo "commits/s, median of $runs runs of ${seconds}s each; (×): ratio to no-wake; wal_level = $wal_level; $(nproc) CPUs; $(date -u +%F)"

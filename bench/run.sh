@@ -88,6 +88,9 @@ throwaway_pg_start "$pgdir"
 url=$PG_URL
 on_exit stop_orchestrator
 build/outboxd --database-url "$url" migrate >&2
+# OUTBOXD_WAKE (the relay's wake mode, from the environment): what it needs
+# in the database, e.g. the publication for wal, no trigger for poll.
+[[ -z ${OUTBOXD_WAKE:-} ]] || build/outboxd --database-url "$url" wake-setup "$OUTBOXD_WAKE" >&2
 build/bench/outboxd-bench-baseline --database-url "$url" --setup
 
 # In the background with `wait`, so that a signal runs the trap at once.

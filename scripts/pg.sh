@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Throwaway PostgreSQL 15 clusters for tests, benchmarks and the demo.
 #
-#   scripts/pg.sh [--fast] start DIR [PORT]   initdb DIR if it holds no cluster,
+#   scripts/pg.sh [--fast] [--wal-level=L] start DIR [PORT]
+#                                             initdb DIR if it holds no cluster,
 #                                             start it, print its URL (last line)
 #   scripts/pg.sh stop DIR                    fast shutdown; fine if not running
 #   scripts/pg.sh restart DIR                 stop + start on the same port
@@ -24,15 +25,20 @@
 # full_page_writes off. For tests only: a crash of the machine loses the
 # cluster. Benchmarks and the demo keep the defaults (durable commits).
 #
+# --wal-level=L (or OUTBOXD_PG_WAL_LEVEL=L): replica or logical (the
+# default: relay.wake = "wal" needs it). `start` writes it, so a cluster
+# started again with another level comes up with that one.
+#
 # Environment: PG_BINDIR (default /usr/lib/postgresql/15/bin).
 set -euo pipefail
 
 bindir=${PG_BINDIR:-/usr/lib/postgresql/15/bin}
 fast=${OUTBOXD_PG_FAST:-0}
 [[ $fast == 1 ]] || fast=0
+wal_level=${OUTBOXD_PG_WAL_LEVEL:-logical}
 
 usage() {
-  sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 die() { echo "pg.sh: $*" >&2; exit 1; }
@@ -41,12 +47,14 @@ args=()
 for a in "$@"; do
   case $a in
     --fast) fast=1 ;;
+    --wal-level=*) wal_level=${a#--wal-level=} ;;
     -h|--help) usage ;;
     *) args+=("$a") ;;
   esac
 done
 set -- "${args[@]+"${args[@]}"}"
 (($# >= 2)) || usage
+[[ $wal_level == replica || $wal_level == logical ]] || die "--wal-level must be replica or logical: $wal_level"
 cmd=$1
 dir=$2
 port_arg=${3:-}
@@ -134,7 +142,7 @@ write_settings() {
     echo "port = $port"
     echo "unix_socket_directories = $(conf_quote "$dir")"
     echo "max_connections = 200          # e2e tests run many relays and clients at once"
-    echo "wal_level = logical            # the logical-message wake source needs a replication slot"
+    echo "wal_level = $wal_level            # logical: relay.wake = \"wal\" streams from a replication slot"
     echo "log_line_prefix = '%m [%p] %q%a '"
     if ((fast)); then
       echo "# --fast: throwaway test cluster, durability off"

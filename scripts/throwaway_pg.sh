@@ -43,7 +43,7 @@ throwaway_dir() {
   printf -v "$1" '%s' "$path"
 }
 
-# throwaway_pg_start DIR [--fast] [PORT]: starts (initialising if needed) a
+# throwaway_pg_start DIR [--fast] [--wal-level=L] [PORT]: starts (initialising if needed) a
 # cluster in DIR with scripts/pg.sh, sets PG_URL to its URL, and stops it on
 # exit (before DIR is removed, if throwaway_dir made it).
 throwaway_pg_start() {
@@ -52,7 +52,7 @@ throwaway_pg_start() {
   local args=() port=
   while (($#)); do
     case $1 in
-      --fast) args+=(--fast) ;;
+      --fast|--wal-level=*) args+=("$1") ;;
       *) port=$1 ;;
     esac
     shift

@@ -20,7 +20,7 @@ struct option_spec {
 };
 
 // The commands' own options; the configuration's come from its settings table.
-constexpr std::array<option_spec, 16> command_options{{
+constexpr std::array<option_spec, 17> command_options{{
     {"config", ""},
     {"topic", "enqueue dead"},
     {"payload", "enqueue"},
@@ -37,6 +37,7 @@ constexpr std::array<option_spec, 16> command_options{{
     {"once", "run", false, false},
     {"watch", "status", false, false},
     {"interval", "status"},
+    {"print", "wake-setup", false, false},
 }};
 
 const std::vector<option_spec>& known_options() {
@@ -50,8 +51,9 @@ const std::vector<option_spec>& known_options() {
     return all;
 }
 
-constexpr std::array<std::string_view, 8> commands{"migrate", "sql", "enqueue", "run", "check-config", "dead",
-                                                   "status", "wake-trigger"};
+constexpr std::array<std::string_view, 9> commands{"migrate", "sql", "enqueue", "run", "check-config", "dead",
+                                                   "status", "wake-trigger", "wake-setup"};
+constexpr std::array<std::string_view, 4> wake_setup_modes{"auto", "notify", "poll", "wal"};
 constexpr std::array<std::string_view, 3> dead_subcommands{"list", "replay", "purge"};
 
 bool belongs_to(const option_spec& spec, std::string_view command) {
@@ -130,12 +132,20 @@ parsed_args parse_args(int argc, const char* const* argv) {
                 usage_error(fmt::format("unknown `outboxd wake-trigger` command '{}': expected install or remove", arg));
             }
             out.subcommand = arg;
+        } else if (out.command == "wake-setup" && out.subcommand.empty()) {
+            if (std::find(wake_setup_modes.begin(), wake_setup_modes.end(), arg) == wake_setup_modes.end()) {
+                usage_error(fmt::format("unknown `outboxd wake-setup` mode '{}': expected auto, notify, poll or wal", arg));
+            }
+            out.subcommand = arg;
         } else {
             usage_error(fmt::format("unexpected argument '{}'", arg));
         }
     }
     if (out.command == "wake-trigger" && out.subcommand.empty() && !out.help) {
         usage_error("`outboxd wake-trigger` needs a command: install or remove");
+    }
+    if (out.command == "wake-setup" && out.subcommand.empty() && !out.help) {
+        usage_error("`outboxd wake-setup` needs a mode: auto, notify, poll or wal");
     }
     if (out.command == "dead" && out.subcommand.empty() && !out.help) {
         usage_error("`outboxd dead` needs a command: list, replay or purge");
@@ -167,6 +177,11 @@ Commands:
               install the trigger that lets producers wake relays (relay.wake = auto or
               notify; migrate installs it), or remove it (relay.wake = poll: producers
               then pay nothing for wake-ups)
+  wake-setup auto|notify|poll|wal [--print]
+              put in the database what relay.wake = MODE needs and remove what the other
+              modes need, in one transaction: the wake-up triggers (auto, notify), the
+              publication the WAL wake-up streams (wal), neither (poll). --print: print
+              the SQL instead (for your own migration tool)
   run         deliver events to the configured destinations until SIGINT/SIGTERM;
               SIGHUP reloads the configuration file (destinations, routes, relay settings).
               --once: deliver what is due, then exit 0 (cron, batch jobs, tests)

@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -30,6 +31,7 @@
 #include "core/integer.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
+#include "core/pgoutput.hpp"
 #include "core/redact.hpp"
 #include "core/routing.hpp"
 #include "core/signing.hpp"
@@ -221,6 +223,80 @@ int cmd_wake_trigger(const parsed_args& args) {
         throw database_unavailable(e, dsn);
     }
     log::info(install ? "wake-up trigger installed" : "wake-up trigger removed", {{"schema", schema}});
+    return exit_ok;
+}
+
+// The statements that put the database in the state relay.wake = MODE needs
+// (README "Wake-up modes"): the notify triggers for auto and notify, the
+// publication the WAL stream reads for wal, neither for poll. Publication DDL
+// is transactional: all of it commits or none.
+//
+// column_lists (PostgreSQL 15 and later): the publication sends only the key
+// of each inserted row; the wake-up needs no more, and the server's WAL
+// sender then never renders payloads and headers as text.
+std::vector<std::string> wake_setup_statements(const std::string& schema, const std::string& mode,
+                                               bool column_lists) {
+    const pg::query_book book(schema);
+    namespace q = pg::q;
+    const auto publication = quote_ident(pgoutput::publication_name(schema));
+    std::vector<std::string> out{book.sql<q::wake_trigger_drop_events>(), book.sql<q::wake_trigger_drop_deliveries>(),
+                                 fmt::format("DROP PUBLICATION IF EXISTS {};", publication)};
+    if (mode == "auto" || mode == "notify") {
+        out.push_back(book.sql<q::wake_trigger_create_events>());
+        out.push_back(book.sql<q::wake_trigger_create_deliveries>());
+    } else if (mode == "wal") {
+        // Inserts only: the relay wakes for new work, never for its own
+        // updates and deletes. deliveries too, as the trigger did: a dead
+        // letter replayed to one destination comes back there.
+        out.push_back(fmt::format("CREATE PUBLICATION {} FOR TABLE {}.events{}, {}.deliveries{} "
+                                  "WITH (publish = 'insert');",
+                                  publication, quote_ident(schema), column_lists ? " (id)" : "", quote_ident(schema),
+                                  column_lists ? " (event_id)" : ""));
+    }
+    for (auto& statement : out) {
+        // The query book's statements carry their comments: keep the SQL only.
+        std::string uncommented;
+        std::istringstream lines(statement);
+        for (std::string line; std::getline(lines, line);) {
+            if (!line.starts_with("--")) uncommented += (uncommented.empty() ? "" : "\n") + line;
+        }
+        while (!uncommented.empty() && (uncommented.back() == '\n' || uncommented.back() == ' ')) {
+            uncommented.pop_back();
+        }
+        if (!uncommented.ends_with(';')) uncommented += ';';
+        statement = std::move(uncommented);
+    }
+    return out;
+}
+
+int cmd_wake_setup(const parsed_args& args) {
+    const auto& mode = args.subcommand;
+    if (args.flag("print")) {
+        const auto schema = load_config(args, /*destinations_required=*/false, /*database_required=*/false).schema;
+        // No schema name in the comments: a name with a line break in it would end the comment.
+        fmt::print("-- outboxd wake-setup {}\n", mode);
+        if (mode == "wal") fmt::print("-- (PostgreSQL 13 and 14: without the column lists (id) and (event_id))\n");
+        fmt::print("BEGIN;\n");
+        for (const auto& statement : wake_setup_statements(schema, mode, /*column_lists=*/true)) {
+            fmt::print("{}\n", statement);
+        }
+        fmt::print("COMMIT;\n");
+        return exit_ok;
+    }
+    const auto [schema, dsn] = database_of(args);
+    auto conn = connect(dsn);
+    try {
+        with_installed_outbox(schema, [&] {
+            pqxx::work tx(*conn);
+            const bool column_lists =
+                tx.exec("SELECT current_setting('server_version_num')::int >= 150000")[0][0].as<bool>();
+            for (const auto& statement : wake_setup_statements(schema, mode, column_lists)) tx.exec(statement);
+            tx.commit();
+        });
+    } catch (const pqxx::broken_connection& e) {
+        throw database_unavailable(e, dsn);
+    }
+    log::info("wake-up set up", {{"schema", schema}, {"mode", mode}});
     return exit_ok;
 }
 
@@ -605,6 +681,7 @@ int dispatch(const parsed_args& args) {
     if (args.command == "status") return cmd_status(args);
     if (args.command == "dead") return cmd_dead(args);
     if (args.command == "wake-trigger") return cmd_wake_trigger(args);
+    if (args.command == "wake-setup") return cmd_wake_setup(args);
     throw fatal_error(exit_usage, fmt::format("unknown command '{}'", args.command));
 }
 

@@ -20,6 +20,7 @@ enum exit_code : int {
     exit_schema_too_new = 5,     // the schema was migrated by a newer outboxd
     exit_invalid_input = 6,      // `enqueue` given data the outbox refuses (malformed JSON, ...)
     exit_permission_denied = 7,  // the database role lacks a privilege (see config/grants.sql)
+    exit_db_unsuitable = 8,      // the server's settings do not allow the configured mode (wal_level, slots, senders)
     exit_forced = 130,           // a second SIGINT/SIGTERM cut the graceful shutdown short
 };
 

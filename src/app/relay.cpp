@@ -23,6 +23,7 @@
 #include "app/relay_telemetry.hpp"
 #include "app/sink.hpp"
 #include "app/store_worker.hpp"
+#include "app/wal_wake_checks.hpp"
 #include "core/claim_sequence.hpp"
 #include "core/clock.hpp"
 #include "core/dsn.hpp"
@@ -30,6 +31,7 @@
 #include "core/embedded_sql.hpp"
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
+#include "core/pgoutput.hpp"
 #include "core/relay_engine.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
@@ -37,6 +39,7 @@
 #include "nats/subject.hpp"
 #include "pg/listener.hpp"
 #include "pg/store.hpp"
+#include "pg/wal_listener.hpp"
 
 // The shell around the relay engine (core/relay_engine.hpp): it owns the
 // event loop, the database connections and their threads, the LISTEN
@@ -126,6 +129,21 @@ public:
                          reconnect_stores();
                      }},
                     cfg().db_keepalive_timeout),
+          wal_listener_(ioc_, o.dsn, cfg().schema,
+                        {[this](std::string xids) {
+                             telemetry_.notified();
+                             feed_wake([&](wake_policy& w, auto now) { return w.committed(xids, now); });
+                         },
+                         [this] {
+                             if (wal_streamed_) telemetry_.listen_restored();  // a reconnect, not the start
+                             wal_streamed_ = true;
+                             feed_wake([](wake_policy& w, auto now) { return w.stream_up(now); });
+                         },
+                         [this](const std::string& why) {
+                             telemetry_.listen_lost("WAL stream: " + why);
+                             feed_wake([](wake_policy& w, auto now) { return w.stream_down(now); });
+                         }},
+                        cfg().db_keepalive_timeout),
           signals_(ioc_, SIGINT, SIGTERM),
           hangup_(ioc_, SIGHUP),
           timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
@@ -176,6 +194,18 @@ private:
                 listener_.connect_now();
                 trigger_installed = store_.wake_trigger_installed();
             }
+            if (wake_.streams_wal()) {
+                check_wal_wake(store_.wal_wake_readiness(pgoutput::publication_name(cfg().schema)), cfg().schema);
+                if (store_.wake_trigger_installed()) {
+                    log::warn("relay.wake = \"wal\" needs no trigger, and the events table still has one: producers "
+                              "read relay_wake at every insert for nothing (run `outboxd wake-setup wal`)");
+                }
+                try {
+                    wal_listener_.connect_now();
+                } catch (const pg::wal_connect_error& e) {
+                    throw wal_connect_failure(e, opts_.dsn);
+                }
+            }
         } catch (const fatal_error&) {
             throw;
         } catch (const pqxx::broken_connection& e) {
@@ -187,6 +217,7 @@ private:
                               fmt::format("database error at startup: {}", scrub_secrets(e.what(), opts_.dsn)));
         }
         if (wake_.listens()) listener_.start();
+        if (wake_.streams_wal()) wal_listener_.start();
         try {
             telemetry_.start();
         } catch (const boost::system::system_error& e) {
@@ -269,6 +300,22 @@ private:
                 }
                 net::post(ioc_, [this, remaining = std::move(remaining)]() mutable {
                     feed_wake([&](wake_policy& w, auto now) { return w.watched(std::move(remaining), now); });
+                });
+            });
+        }
+        if (a.check_visible) {
+            // On the claim connection, ahead of the claim it may lead to: a
+            // commit visible to this check is visible to that claim.
+            worker_.submit([this, xids = wake_.unseen()](pg::store& store) {
+                std::string remaining;
+                try {
+                    remaining = store.not_yet_visible(xids);
+                } catch (const std::exception& e) {
+                    log::warn("checking whether streamed commits are visible failed; claiming anyway",
+                              {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
+                net::post(ioc_, [this, remaining = std::move(remaining)] {
+                    feed_wake([&](wake_policy& w, auto now) { return w.visible(remaining, now); });
                 });
             });
         }
@@ -658,6 +705,7 @@ private:
 
     void run(stop_listening_command&) {
         listener_.stop();
+        wal_listener_.stop();
         telemetry_.stopping();
         stopped_waking_ = true;
         wake_timer_.cancel();
@@ -747,6 +795,8 @@ private:
     net::steady_timer wake_timer_;
     bool stopped_waking_ = false;
     pg::listener listener_;
+    pg::wal_listener wal_listener_;  // relay.wake = "wal" only
+    bool wal_streamed_ = false;      // the WAL stream has run once
     std::vector<std::unique_ptr<sink>> sinks_;  // one per destination, same index
     // Sinks of configurations a reload replaced: closed, kept until exit so
     // that a request still on its way (a timed-out drain) completes safely.

@@ -25,7 +25,7 @@ constexpr milliseconds min_db_keepalive_timeout = 1s;
 
 constexpr std::array<std::string_view, 4> log_levels{"debug", "info", "warn", "error"};  // log::parse_level
 constexpr std::array<std::string_view, 2> log_formats{"logfmt", "json"};
-constexpr std::array<std::string_view, 3> wake_modes{"auto", "notify", "poll"};
+constexpr std::array<std::string_view, 4> wake_modes{"auto", "notify", "poll", "wal"};
 
 using c = config;
 using d = destination_config;

@@ -14,12 +14,13 @@ wake_mode parse_wake_mode(const std::string& text) {
     if (text == "auto") return wake_mode::automatic;
     if (text == "notify") return wake_mode::notify;
     if (text == "poll") return wake_mode::poll;
+    if (text == "wal") return wake_mode::wal;
     throw std::invalid_argument("unknown wake mode: " + text);  // the configuration checked it
 }
 
 wake_policy::actions wake_policy::started(time now) {
-    if (s_.mode == wake_mode::poll) {
-        start_polling(now);
+    if (s_.mode == wake_mode::poll || s_.mode == wake_mode::wal) {
+        start_polling(now);  // wal: until the stream is up
     } else {
         refresh_at_ = now + s_.refresh_interval;
     }
@@ -54,11 +55,120 @@ wake_policy::actions wake_policy::listening(time now) {
     return a;
 }
 
+wake_policy::actions wake_policy::stream_claim(time now) {
+    actions a;
+    if (stream_claim_at_) return a;  // a claim is already set for the end of the gap
+    if (stream_claimed_ && now - *stream_claimed_ < s_.stream_gap && fast_inflow()) {
+        stream_claim_at_ = *stream_claimed_ + s_.stream_gap;
+        return a;
+    }
+    stream_claimed_ = now;
+    a.claim = true;
+    return a;
+}
+
+namespace {
+
+std::vector<std::string> split_xids(const std::string& text) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    while (start < text.size()) {
+        auto end = text.find(',', start);
+        if (end == std::string::npos) end = text.size();
+        if (end > start) out.push_back(text.substr(start, end - start));
+        start = end + 1;
+    }
+    return out;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+void wake_policy::start_check(actions& a) {
+    checking_.clear();
+    for (const auto& x : unseen_) checking_ += (checking_.empty() ? "" : ",") + x;
+    check_running_ = true;
+    recheck_at_.reset();
+    a.check_visible = true;
+}
+
+// Under load the check waits for the end of the claim gap, as the claim
+// would: one check and one claim per gap, however many commits came.
+void wake_policy::check_soon(actions& a, time now) {
+    if (check_running_) return;
+    if (fast_inflow() && stream_claimed_ && now - *stream_claimed_ < s_.stream_gap) {
+        const auto at = *stream_claimed_ + s_.stream_gap;
+        if (!recheck_at_ || at < *recheck_at_) recheck_at_ = at;
+        return;
+    }
+    start_check(a);
+}
+
+wake_policy::actions wake_policy::committed(const std::string& xids, time now) {
+    actions a;
+    if (!streams_wal() || polling_) {
+        a.claim = true;
+        return a;
+    }
+    for (auto& x : split_xids(xids)) {
+        if (!contains(unseen_, x)) unseen_.push_back(std::move(x));
+    }
+    if (unseen_.empty()) return a;
+    if (!unseen_since_) unseen_since_ = now;
+    check_soon(a, now);
+    return a;
+}
+
+wake_policy::actions wake_policy::visible(const std::string& remaining, time now) {
+    actions a;
+    check_running_ = false;
+    const auto still = split_xids(remaining);
+    const auto asked = split_xids(checking_);
+    bool became_visible = false;
+    std::vector<std::string> next;
+    bool arrived_meanwhile = false;
+    for (auto& x : unseen_) {
+        const bool was_asked = contains(asked, x);
+        if (was_asked && !contains(still, x)) {
+            became_visible = true;
+            continue;
+        }
+        arrived_meanwhile = arrived_meanwhile || !was_asked;
+        next.push_back(std::move(x));
+    }
+    unseen_ = std::move(next);
+    if (became_visible) a = stream_claim(now);
+    if (unseen_.empty()) {
+        unseen_since_.reset();
+        return a;
+    }
+    if (unseen_since_ && now - *unseen_since_ >= s_.visibility_give_up) {
+        // Should never happen: the claims that polling and the sweep make find them.
+        log::warn("commits shown by the WAL stream are still not visible; no longer waiting for them",
+                  {{"xids", remaining}});
+        unseen_.clear();
+        unseen_since_.reset();
+        a.claim = true;
+        return a;
+    }
+    if (arrived_meanwhile) {
+        check_soon(a, now);
+    } else {
+        const bool slow = unseen_since_ && now - *unseen_since_ >= s_.watch_slow_after;
+        recheck_at_ = slow ? now + s_.watch_slow_interval : now + s_.visibility_recheck;
+    }
+    return a;
+}
+
 wake_policy::actions wake_policy::notified(time now) {
     actions a;
+    if (streams_wal() && !polling_) return stream_claim(now);
     a.claim = true;
     self_test_until_.reset();
-    if (polling_ && s_.mode != wake_mode::poll) {
+    if (polling_ && listens()) {
         log::info("notifications arrive again; no longer polling");
         polling_ = false;
         poll_at_.reset();
@@ -68,6 +178,31 @@ wake_policy::actions wake_policy::notified(time now) {
         }
     }
     (void)now;
+    return a;
+}
+
+wake_policy::actions wake_policy::stream_up(time now) {
+    actions a;
+    if (!streams_wal()) return a;
+    polling_ = false;
+    poll_at_.reset();
+    a.claim = true;  // what committed before the slot existed is not in the stream
+    (void)now;
+    return a;
+}
+
+wake_policy::actions wake_policy::stream_down(time now) {
+    actions a;
+    if (!streams_wal() || polling_) return a;
+    log::warn("the WAL stream is down: claiming every poll_interval until it is back",
+              {{"poll_interval", format_duration(s_.poll_interval)}});
+    start_polling(now);
+    stream_claim_at_.reset();
+    // Polling claims find them, and the claim when the stream is back.
+    unseen_.clear();
+    unseen_since_.reset();
+    recheck_at_.reset();
+    a.claim = true;  // a commit may have been on its way in the lost stream
     return a;
 }
 
@@ -107,14 +242,28 @@ wake_policy::actions wake_policy::settle(time now) {
     return a;
 }
 
-wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) {
-    actions a;
-    if (s_.mode != wake_mode::automatic || polling_) return a;
+void wake_policy::count_claimed(std::size_t got, time now) {
     if (now - window_start_ >= 100ms) {
+        // The window ran from its first claim to this one: 100 ms or more.
+        const auto elapsed = std::chrono::duration_cast<ms>(now - window_start_).count();
+        last_window_busy_ = static_cast<long long>(window_count_) * 1000 >=
+                            static_cast<long long>(s_.busy_rate) * elapsed;
         window_start_ = now;
         window_count_ = 0;
     }
     window_count_ += got;
+}
+
+bool wake_policy::fast_inflow() const noexcept { return last_window_busy_ || window_count_ * 10 >= s_.busy_rate; }
+
+wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) {
+    actions a;
+    if (streams_wal()) {
+        count_claimed(got, now);
+        return a;
+    }
+    if (s_.mode != wake_mode::automatic || polling_) return a;
+    count_claimed(got, now);
     switch (state_) {
         case state::idle:
         case state::watching:
@@ -201,6 +350,12 @@ wake_policy::actions wake_policy::timer(time now) {
         refresh_at_ = now + s_.refresh_interval;
         if (!a.declare && state_ != state::settling) a.declare = declared_idle_;
     }
+    if (recheck_at_ && *recheck_at_ <= now && !check_running_) start_check(a);
+    if (stream_claim_at_ && *stream_claim_at_ <= now) {
+        stream_claim_at_.reset();
+        stream_claimed_ = now;
+        a.claim = true;
+    }
     if (busy_poll_at_ && *busy_poll_at_ <= now) {
         busy_poll_at_.reset();
         a.claim = true;
@@ -215,7 +370,8 @@ wake_policy::actions wake_policy::timer(time now) {
 
 std::optional<wake_policy::time> wake_policy::next_timer() const {
     std::optional<time> t;
-    for (const auto& c : {self_test_until_, poll_at_, refresh_at_, busy_poll_at_, watch_at_}) {
+    for (const auto& c : {self_test_until_, poll_at_, refresh_at_, busy_poll_at_, watch_at_, stream_claim_at_,
+                          recheck_at_}) {
         if (c && (!t || *c < *t)) t = c;
     }
     return t;

@@ -12,6 +12,25 @@
 //           notify; the relay claims back to back, and every busy_poll after
 //           a claim that found nothing).
 //   poll    no LISTEN, no declaration; a claim every poll_interval.
+//   wal     no LISTEN, no declaration, no trigger: a logical replication
+//           stream (src/pg/wal_listener) reports each commit that inserted
+//           into the outbox. Claims every poll_interval while the stream is
+//           down (startup included); a claim when it comes (back) up, since
+//           what committed before its slot existed is not in the stream.
+//           While events come in faster than busy_rate, the commits reported
+//           within stream_gap of the last claim they caused share one claim
+//           at its end: under load, claims of many events each instead of
+//           one claim per commit (the claims' cost is the producers' too,
+//           on the same database); below busy_rate every commit is claimed
+//           at once.
+//           The WAL shows a commit a moment before the transaction is
+//           visible to other sessions (its commit record is flushed before
+//           the backend leaves the list of running transactions; with
+//           synchronous replication, until a standby confirms). So each
+//           reported commit is first checked (committed: check_visible):
+//           the claim follows once it is visible, and what is not visible
+//           yet is checked again every visibility_recheck (slower after
+//           watch_slow_after), for at most visibility_give_up.
 //
 // auto: busy -> idle without losing a commit. A producer reads the
 // declaration when it inserts and may commit much later. After idle_after of
@@ -39,10 +58,11 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace outboxd {
 
-enum class wake_mode { automatic, notify, poll };
+enum class wake_mode { automatic, notify, poll, wal };
 [[nodiscard]] wake_mode parse_wake_mode(const std::string& text);
 
 class wake_policy {
@@ -61,6 +81,9 @@ public:
         ms watch_interval{10};
         ms watch_slow_after{1'000};
         ms watch_slow_interval{100};
+        ms stream_gap{20};
+        std::chrono::microseconds visibility_recheck{500};
+        ms visibility_give_up{60'000};
     };
 
     // What the shell does now.
@@ -71,16 +94,24 @@ public:
         bool read_in_progress = false;  // transactions_in_progress(), then declared_idle()
         bool watch = false;             // still_in_progress(watched()), then watched()
         bool self_notify = false;       // NOTIFY the channel from another connection
+        bool check_visible = false;     // not_yet_visible(unseen()), then visible()
     };
 
     explicit wake_policy(settings s) : s_(s) {}
 
-    [[nodiscard]] bool listens() const noexcept { return s_.mode != wake_mode::poll; }
+    [[nodiscard]] bool listens() const noexcept {
+        return s_.mode == wake_mode::automatic || s_.mode == wake_mode::notify;
+    }
+    [[nodiscard]] bool streams_wal() const noexcept { return s_.mode == wake_mode::wal; }
 
     // ---- inputs ----
     actions started(time now);                 // after the first drain began
     actions listening(time now);               // LISTEN is (again) active
-    actions notified(time now);                // a notification arrived
+    actions notified(time now);                // a notification (or a WAL commit) arrived
+    actions stream_up(time now);               // wal: the replication stream runs (again)
+    actions stream_down(time now);             // wal: the replication stream is lost
+    actions committed(const std::string& xids, time now);  // wal: the stream showed these commits
+    actions visible(const std::string& remaining, time now);  // wal: what not_yet_visible() answered
     actions no_trigger(time now);              // producers' inserts notify nobody
     actions claimed(std::size_t got, bool full, time now);
     actions declared(bool ok, time now);       // a declare_wake came back
@@ -91,6 +122,7 @@ public:
     // When timer() is due next; nullopt: nothing to wait for.
     [[nodiscard]] std::optional<time> next_timer() const;
     [[nodiscard]] const std::string& in_progress() const noexcept { return watching_; }
+    [[nodiscard]] const std::string& unseen() const noexcept { return checking_; }
     // Observers (tests, logs).
     [[nodiscard]] bool busy() const noexcept { return state_ == state::busy; }
     [[nodiscard]] bool polling() const noexcept { return polling_; }
@@ -119,6 +151,22 @@ private:
     // events claimed in the current rate window
     time window_start_{};
     std::size_t window_count_ = 0;
+    bool last_window_busy_ = false;    // the previous window reached busy_rate
+    // wal: when the stream last caused a claim; a claim held back until then
+    std::optional<time> stream_claimed_;
+    std::optional<time> stream_claim_at_;
+
+    void count_claimed(std::size_t got, time now);
+    actions stream_claim(time now);
+    void start_check(actions& a);
+    void check_soon(actions& a, time now);
+    // wal: commits the stream showed that were not visible yet, by xid
+    std::vector<std::string> unseen_;
+    std::string checking_;               // what the running check asked about
+    bool check_running_ = false;
+    std::optional<time> recheck_at_;
+    std::optional<time> unseen_since_;
+    [[nodiscard]] bool fast_inflow() const noexcept;
 };
 
 }  // namespace outboxd

@@ -576,6 +576,41 @@ JOIN pg_class c ON c.oid = t.tgrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = 'events' AND t.tgname = 'events_notify';
 
+-- name: not_yet_visible
+-- params: xids
+-- Of these transactions, whose commits the WAL stream showed (32-bit ids,
+-- comma-separated), those a new snapshot still counts as in progress: the
+-- commit record is flushed (and streamed) before the committing backend
+-- leaves the list of running transactions. In progress for a snapshot:
+-- among its xip, or at or past its xmax (compared modulo 2^32, as xids
+-- wrap).
+WITH snap AS (SELECT pg_current_snapshot() AS s),
+     x AS (SELECT unnest(string_to_array(nullif($1, ''), ','))::bigint AS xid)
+SELECT coalesce(string_agg(x.xid::text, ','), '') AS xids
+FROM x, snap
+WHERE x.xid IN (SELECT i::text::bigint % 4294967296 FROM pg_snapshot_xip(snap.s) AS i)
+   OR (x.xid - pg_snapshot_xmax(snap.s)::text::bigint % 4294967296 + 4294967296) % 4294967296 < 2147483648;
+
+-- name: wal_wake_readiness
+-- params: publication, schema
+-- What relay.wake = "wal" needs, read at its start so that each missing
+-- piece is reported with what to do (README "Wake-up modes"). A role may
+-- stream if it has REPLICATION or is a superuser; on RDS and Aurora,
+-- membership in rds_replication grants it instead. The counts of slots and
+-- WAL senders are a snapshot: another client may take the last one first,
+-- which the stream then reports when it tries.
+SELECT current_user::text AS role,
+       current_setting('wal_level') AS wal_level,
+       coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false)
+           OR coalesce((SELECT pg_has_role(current_user, oid, 'MEMBER') FROM pg_roles
+                        WHERE rolname = 'rds_replication'), false) AS may_replicate,
+       EXISTS (SELECT 1 FROM pg_publication p
+               JOIN pg_publication_tables t ON t.pubname = p.pubname
+               WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = 'events')
+           AS publication_ready,
+       current_setting('max_replication_slots')::bigint - (SELECT count(*) FROM pg_replication_slots) AS free_slots,
+       current_setting('max_wal_senders')::bigint - (SELECT count(*) FROM pg_stat_replication) AS free_senders;
+
 -- name: wake_trigger_drop_events
 DROP TRIGGER IF EXISTS events_notify ON :"schema".events;
 

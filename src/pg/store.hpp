@@ -193,6 +193,19 @@ public:
     void notify(const std::string& channel);
     // Whether the events table has its wake-up trigger (`outboxd wake-trigger`).
     [[nodiscard]] bool wake_trigger_installed();
+    // What relay.wake = "wal" needs of the server, read before it starts.
+    struct wal_readiness {
+        std::string role;
+        std::string wal_level;
+        bool may_replicate = false;      // REPLICATION, superuser, or rds_replication
+        bool publication_ready = false;  // `publication` publishes inserts into this schema's events
+        long long free_slots = 0;        // max_replication_slots minus the slots there are
+        long long free_senders = 0;      // max_wal_senders minus the WAL senders running
+    };
+    [[nodiscard]] wal_readiness wal_wake_readiness(const std::string& publication);
+    // Of `xids` (32-bit, comma-separated; commits the WAL stream showed),
+    // those a new snapshot does not see committed yet.
+    [[nodiscard]] std::string not_yet_visible(const std::string& xids);
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
     // Before the first connection: the session goes through a transaction

@@ -57,4 +57,29 @@ bool store::wake_trigger_installed() {
     });
 }
 
+std::string store::not_yet_visible(const std::string& xids) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_, q::not_yet_visible::args{.xids = xids})
+            .one()[q::not_yet_visible::col::xids]
+            .as<std::string>();
+    });
+}
+
+store::wal_readiness store::wal_wake_readiness(const std::string& publication) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        using col = q::wal_wake_readiness::col;
+        const auto row = exec_params(tx, queries_, q::wal_wake_readiness::args{.publication = publication,
+                                                                               .schema = schema_})
+                             .one();
+        return wal_readiness{.role = row[col::role].as<std::string>(),
+                             .wal_level = row[col::wal_level].as<std::string>(),
+                             .may_replicate = row[col::may_replicate].as<bool>(),
+                             .publication_ready = row[col::publication_ready].as<bool>(),
+                             .free_slots = row[col::free_slots].as<long long>(),
+                             .free_senders = row[col::free_senders].as<long long>()};
+    });
+}
+
 }  // namespace outboxd::pg

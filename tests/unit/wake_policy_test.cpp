@@ -143,3 +143,119 @@ TEST_CASE("wake policy: notify mode stays declared idle however much comes in, a
     REQUIRE(a.declare);
     CHECK(*a.declare);
 }
+
+TEST_CASE("wake policy: wal mode polls until the stream is up, claims then and at every commit, polls again when it is lost") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.poll_interval = 100ms;
+    wake_policy w(s);
+    CHECK_FALSE(w.listens());
+    CHECK(w.streams_wal());
+    (void)w.started(t0);
+    CHECK(w.polling());
+    CHECK(*w.next_timer() == t0 + 100ms);
+    CHECK(w.timer(t0 + 100ms).claim);
+    const auto up = w.stream_up(t0 + 150ms);
+    CHECK(up.claim);  // what committed before the slot existed
+    CHECK_FALSE(up.declare);
+    CHECK_FALSE(w.polling());
+    CHECK_FALSE(w.next_timer());  // no declaration to refresh, no self-test
+    const auto n = w.notified(t0 + 200ms);
+    CHECK(n.claim);
+    CHECK_FALSE(n.declare);
+    CHECK_FALSE(w.claimed(5000, true, t0 + 201ms).declare);  // never busy, never declares
+    const auto down = w.stream_down(t0 + 300ms);
+    CHECK(down.claim);
+    CHECK(w.polling());
+    CHECK(*w.next_timer() == t0 + 400ms);
+    CHECK_FALSE(w.stream_down(t0 + 350ms).claim);  // already polling
+    CHECK(w.stream_up(t0 + 500ms).claim);
+    CHECK_FALSE(w.polling());
+}
+
+TEST_CASE("wake policy: wal mode claims each commit at once below busy_rate, and shares one claim per stream_gap above it") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.busy_rate = 300;
+    s.stream_gap = 20ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    // Slow inflow: every commit claims at once, however close together.
+    CHECK(w.notified(t0 + 1ms).claim);
+    (void)w.claimed(1, false, t0 + 2ms);
+    CHECK(w.notified(t0 + 3ms).claim);
+    (void)w.claimed(1, false, t0 + 4ms);
+    // 40 events in this window: 400 a second, above busy_rate.
+    (void)w.claimed(38, false, t0 + 5ms);
+    CHECK_FALSE(w.notified(t0 + 6ms).claim);
+    CHECK(*w.next_timer() == t0 + 23ms);      // the gap after the claim at 3ms
+    CHECK_FALSE(w.notified(t0 + 8ms).claim);  // shares the claim set for the end of the gap
+    CHECK(w.timer(t0 + 23ms).claim);
+    CHECK_FALSE(w.next_timer());
+    // A commit long after the last claim is claimed at once, busy or not.
+    CHECK(w.notified(t0 + 60ms).claim);
+    // 200 a second, in a window that ran 150 ms (30 events): not busy.
+    (void)w.claimed(30, false, t0 + 100ms);
+    (void)w.claimed(1, false, t0 + 250ms);
+    CHECK(w.notified(t0 + 251ms).claim);
+    CHECK(w.notified(t0 + 252ms).claim);
+    // Slow again: the next windows see few events.
+    (void)w.claimed(1, false, t0 + 400ms);
+    (void)w.claimed(1, false, t0 + 510ms);
+    CHECK(w.notified(t0 + 511ms).claim);
+    CHECK(w.notified(t0 + 512ms).claim);
+}
+
+TEST_CASE("wake policy: wal mode claims a streamed commit once it is visible, and checks again until it is") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.visibility_recheck = 2ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    auto a = w.committed("700,701", t0 + 1ms);
+    CHECK(a.check_visible);
+    CHECK_FALSE(a.claim);
+    CHECK(w.unseen() == "700,701");
+    // Another commit while the check runs: asked about with the next check.
+    CHECK_FALSE(w.committed("702", t0 + 2ms).check_visible);
+    a = w.visible("701", t0 + 3ms);  // 700 visible, 701 not yet
+    CHECK(a.claim);
+    CHECK(a.check_visible);  // 702 came meanwhile: checked at once
+    CHECK(w.unseen() == "701,702");
+    a = w.visible("701", t0 + 4ms);
+    CHECK(a.claim);  // 702 visible
+    CHECK_FALSE(a.check_visible);
+    CHECK(*w.next_timer() == t0 + 6ms);
+    a = w.timer(t0 + 6ms);
+    CHECK(a.check_visible);
+    CHECK(w.unseen() == "701");
+    a = w.visible("", t0 + 7ms);
+    CHECK(a.claim);
+    CHECK_FALSE(w.next_timer());
+    // Visible at the first check: one round trip, then the claim.
+    CHECK(w.committed("703", t0 + 10ms).check_visible);
+    CHECK(w.visible("", t0 + 11ms).claim);
+}
+
+TEST_CASE("wake policy: wal mode under load checks and claims once per stream_gap") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.busy_rate = 300;
+    s.stream_gap = 20ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    (void)w.claimed(40, false, t0 + 1ms);  // 400 a second
+    CHECK(w.committed("1", t0 + 2ms).check_visible);
+    CHECK(w.visible("", t0 + 3ms).claim);
+    // Within the gap: neither a check nor a claim until its end.
+    CHECK_FALSE(w.committed("2", t0 + 4ms).check_visible);
+    CHECK_FALSE(w.committed("3", t0 + 5ms).check_visible);
+    CHECK(*w.next_timer() == t0 + 23ms);
+    const auto a = w.timer(t0 + 23ms);
+    CHECK(a.check_visible);
+    CHECK(w.unseen() == "2,3");
+    CHECK(w.visible("", t0 + 24ms).claim);
+}
