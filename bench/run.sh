@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The outboxd benchmark (issue 5), one command:
 #
-#   bench/run.sh [--runs N] [--scenario NAME]... [--quick] [--concurrency N]
+#   bench/run.sh [--runs N] [--scenario NAME]... [--relay NAME]... [--quick] [--concurrency N]
 #                [--receiver-threads N] [--outboxd-dsn-params P] [--keep-raw] [--no-build]
 #
 #   --runs N            runs per scenario and relay; the table shows medians (default 3)
 #   --scenario NAME     paced | flat | backlog | many | idle | js-paced | js-backlog
-#                       (repeatable; default all; js-*: into a JetStream stream)
+#                       | flat-k100 | backlog-20k | backlog-k100 | backlog-k10
+#                       (repeatable; default all but the last four; js-*: into a
+#                       JetStream stream; -kN: ordering keys over N keys)
+#   --relay NAME        outboxd | baseline | windows (repeatable, the order within a
+#                       round; default outboxd and baseline; windows: the
+#                       commit-ordered windows prototype, bench/windows/)
 #   --quick             shortened scenarios for a smoke run (~2 minutes)
 #   --concurrency N     passed to `outboxd run` (default: outboxd's own)
 #   --receiver-threads  threads of the HTTP receiver (default 1)
@@ -30,12 +35,14 @@ cd "$root"
 runs=3
 build=1
 keep_raw=0
+windows=0
 py_args=()
-usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --runs) runs=${2:?--runs needs a number}; shift 2 ;;
     --scenario) py_args+=(--scenario "${2:?--scenario needs a name}"); shift 2 ;;
+    --relay) py_args+=(--relay "${2:?--relay needs a name}"); [[ $2 == windows ]] && windows=1; shift 2 ;;
     --quick) py_args+=(--quick); shift ;;
     --concurrency) py_args+=(--concurrency "${2:?--concurrency needs a number}"); shift 2 ;;
     --receiver-threads) py_args+=(--receiver-threads "${2:?--receiver-threads needs a number}"); shift 2 ;;
@@ -85,6 +92,12 @@ url=$PG_URL
 on_exit stop_orchestrator
 build/outboxd --database-url "$url" migrate >&2
 build/bench/outboxd-bench-baseline --database-url "$url" --setup
+# The windows prototype's own copy of the outbox (it deletes nothing), plus
+# its txid column and cursor.
+if ((windows)); then
+  build/outboxd --database-url "$url" --schema win migrate >&2
+  build/bench/outboxd-bench-windows --database-url "$url" --schema win --setup
+fi
 
 # In the background with `wait`, so that a signal runs the trap at once.
 "$python" bench/orchestrate.py --database-url "$url" --build-dir build --raw-dir "$raw" \
