@@ -8,8 +8,10 @@
 //       index and the cursor table, and put the cursor at the current
 //       snapshot (idempotent); then exit
 //   outboxd-bench-windows --database-url URL --schema S --url http://HOST:PORT/
-//       [--concurrency 32] [--tick-ms 20] [--page 1000] [--max-queued 4000]
-//       relay until SIGTERM/SIGINT
+//       [--concurrency 32] [--tick-ms 20] [--page 1000] [--max-queued 4000] [--log-reads]
+//       relay until SIGTERM/SIGINT; --log-reads prints one line per window
+//       read to stderr (`ts=<unix s> read_us=<round trip> ids=<n>`), which
+//       bench/long_transaction.sh reads
 //
 // What it does, as the design says:
 // * reads windows "committed after snapshot A and by snapshot B" with one
@@ -183,6 +185,7 @@ struct options {
     int tick_ms = 20;
     std::size_t page = 1000;
     long max_queued = 4000;
+    bool log_reads = false;
 };
 
 // One window: its snapshots and the ids read from it that are not settled yet.
@@ -434,10 +437,17 @@ private:
     // Reads the next window (A = the last window's B) and its ids; true when
     // it holds events.
     bool read_window() {
+        const auto t0 = steady::now();
         pqxx::nontransaction tx(db_);
         const auto r = resume_ ? tx.exec_prepared("read_window", snap_a_, resume_->first, resume_->second)
                                : tx.exec_prepared("read_window", snap_a_, nullptr, 0);
         resume_.reset();
+        if (o_.log_reads) {
+            const auto us = std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - t0).count();
+            const auto unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch());
+            std::cerr << fmt::format("ts={:.3f} read_us={} ids={}\n", unix_s.count(), us,
+                                     r.size() == 1 && r[0][0].is_null() ? 0 : r.size());
+        }
         const auto snap_b = r[0][1].as<std::string>();
         ids_.clear();
         pos_ = 0;
@@ -540,7 +550,7 @@ private:
     std::cerr << "outboxd-bench-windows: " << why
               << "\nusage: outboxd-bench-windows --database-url URL [--schema S] --setup\n"
                  "       outboxd-bench-windows --database-url URL [--schema S] --url ENDPOINT [--concurrency N]\n"
-                 "                             [--tick-ms MS] [--page N] [--max-queued N]\n";
+                 "                             [--tick-ms MS] [--page N] [--max-queued N] [--log-reads]\n";
     std::exit(2);
 }
 
@@ -548,8 +558,8 @@ options parse(int argc, char** argv) {
     options o;
     for (int i = 1; i < argc; ++i) {
         const std::string_view a = argv[i];
-        if (a == "--setup") {
-            o.setup = true;
+        if (a == "--setup" || a == "--log-reads") {
+            (a == "--setup" ? o.setup : o.log_reads) = true;
             continue;
         }
         if (i + 1 >= argc) usage(fmt::format("{} needs a value", a));
