@@ -26,10 +26,14 @@
 //   at most once a second (A, and inside a window B and the id below which
 //   everything is settled), fenced by the epoch it took at start; nothing is
 //   written per event;
-// * wakes on the outbox's NOTIFY and polls every --tick-ms besides. Like
-//   outboxd it declares itself idle in relay_wake (sql/0008) so producers
-//   notify only while it waits; it turns busy after reading non-empty
-//   windows back to back for 100 ms.
+// * wakes on the outbox's NOTIFY and polls every --tick-ms besides. It
+//   follows outboxd's automatic wake mode (src/core/wake_policy.hpp,
+//   sql/0008) so producers pay for NOTIFY in both alike: idle (producers
+//   notify) while fewer than 300 events a second come in; busy above that
+//   (no NOTIFY; it reads back to back, and 2 ms after a read that found
+//   nothing); idle again after 100 ms of empty reads. A producer that read
+//   "busy" and commits after that switch is found by the tick (outboxd
+//   watches such transactions every 10 ms instead).
 //
 // Left out (the benchmark never needs them): retries, parked keys, delayed
 // events, dead letters (a failed delivery aborts the relay with a message),
@@ -373,8 +377,13 @@ private:
         declare(true);
         auto last_checkpoint = steady::now();
         auto last_declared = steady::now();
-        steady::time_point busy_since{};  // reading non-empty windows back to back since (when busy_run)
-        bool busy_run = false;
+        // outboxd's automatic wake settings: busy_rate, busy_poll, idle_after.
+        constexpr std::size_t busy_events_per_100ms = 30;
+        constexpr auto busy_poll = std::chrono::milliseconds(2);
+        constexpr auto idle_after = std::chrono::milliseconds(100);
+        auto bucket_start = steady::now();  // events read in 100 ms buckets: the incoming rate
+        std::size_t bucket_events = 0;
+        auto last_found = steady::now();
         while (!stop_requested) {
             if (auto f = failure()) die(*f);
             const auto now = steady::now();
@@ -391,18 +400,23 @@ private:
                 hand_over_page(ioc, s);
                 continue;
             }
+            if (now - bucket_start >= std::chrono::milliseconds(100)) {
+                bucket_start = now;
+                bucket_events = 0;
+            }
             const bool found = read_window();
             if (found) {
-                if (!busy_run) busy_since = now;
-                busy_run = true;
-                if (idle_ && now - busy_since >= std::chrono::milliseconds(100)) declare(false);
+                last_found = now;
+                bucket_events += ids_.size();
+                if (idle_ && bucket_events >= busy_events_per_100ms) declare(false);
                 continue;
             }
-            busy_run = false;
             if (!idle_) {
-                // Producers that read "busy" and commit after this read are
-                // seen at the next tick at the latest.
-                declare(true);
+                if (now - last_found >= idle_after) {
+                    declare(true);
+                    continue;  // read once more after the declaration
+                }
+                std::this_thread::sleep_for(busy_poll);
                 continue;
             }
             listener_.get_notifs();
