@@ -162,6 +162,34 @@ LEFT JOIN LATERAL (
 ORDER BY w.id
 )sql";
 
+// The same window with the events themselves, at most $4 rows: a window
+// that fits in one page (nearly every window of a live stream) costs one
+// round trip instead of two. A larger one is read again as ids (read_window,
+// with this B) and fetched in pages, as the design says.
+constexpr std::string_view read_small_sql = R"sql(
+WITH c AS MATERIALIZED (
+    SELECT $1::pg_snapshot AS snap_a, coalesce($2::pg_snapshot, pg_current_snapshot()) AS snap_b,
+           $3::bigint AS done_below
+)
+SELECT w.id, c.snap_b::text, w.topic, w.ordering_key, w.payload::text, w.headers::text
+FROM c
+LEFT JOIN LATERAL (
+    SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers
+    FROM S.events e
+    WHERE e.txid >= pg_snapshot_xmax(c.snap_a) AND e.txid < pg_snapshot_xmax(c.snap_b)
+      AND pg_visible_in_snapshot(e.txid, c.snap_b)
+      AND e.id + 0 >= c.done_below
+    UNION ALL
+    SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers
+    FROM pg_snapshot_xip(c.snap_a) x
+    JOIN S.events e ON e.txid = x
+    WHERE pg_visible_in_snapshot(x, c.snap_b)
+      AND e.id + 0 >= c.done_below
+) w ON true
+ORDER BY w.id
+LIMIT $4
+)sql";
+
 constexpr std::string_view fetch_page_sql = R"sql(
 SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text
 FROM S.events e
@@ -190,6 +218,7 @@ struct options {
     std::size_t page = 1000;
     long max_queued = 4000;
     bool log_reads = false;
+    bool stats = false;  // a line a second on stderr: requests, their round trips, what waits
 };
 
 // One window: its snapshots and the ids read from it that are not settled yet.
@@ -224,7 +253,8 @@ public:
                   outboxd::http::client_options{.max_connections = o.concurrency,
                                                 .user_agent = fmt::format("outboxd/{}", OUTBOXD_VERSION)}),
           id_prefix_(std::move(id_prefix)),
-          prog_(prog) {}
+          prog_(prog),
+          stats_(o.stats) {}
 
     void accept(std::vector<wire_event>&& page) {
         for (auto& w : page) {
@@ -262,6 +292,7 @@ private:
 
     void done(std::int64_t id, std::uint64_t window, const std::optional<std::string>& key,
               const outboxd::http::response_summary& r) {
+        if (stats_) count(r);
         if (r.transport_error || r.status < 200 || r.status > 299) {
             fail(fmt::format("event {}: delivery failed ({}): the prototype does not retry", id,
                              r.transport_error ? r.error : fmt::format("HTTP {}", r.status)));
@@ -291,10 +322,28 @@ private:
         prog_.room.notify_one();
     }
 
+    void count(const outboxd::http::response_summary& r) {
+        ++requests_;
+        total_us_ += r.elapsed.count();
+        max_us_ = std::max<std::int64_t>(max_us_, r.elapsed.count());
+        const auto now = steady::now();
+        if (now - stats_at_ < std::chrono::seconds(1)) return;
+        std::size_t waiting = 0;
+        for (const auto& [key, q] : keys_) waiting += q.size() - 1;
+        std::cerr << fmt::format("stats: requests={} mean_us={} max_us={} in_client={} keys={} waiting_behind_key={}\n",
+                                 requests_, total_us_ / std::max<std::int64_t>(1, requests_), max_us_,
+                                 client_.in_flight(), keys_.size(), waiting);
+        stats_at_ = now;
+        requests_ = total_us_ = max_us_ = 0;
+    }
+
     outboxd::http::webhook_client client_;
     std::string id_prefix_;
     progress& prog_;
     std::unordered_map<std::string, std::deque<wire_event>> keys_;
+    bool stats_ = false;
+    steady::time_point stats_at_ = steady::now();
+    std::int64_t requests_ = 0, total_us_ = 0, max_us_ = 0;
 };
 
 class wake_receiver final : public pqxx::notification_receiver {
@@ -340,6 +389,7 @@ public:
         // server: a lost checkpoint only means events are sent again.
         db_.set_variable("synchronous_commit", "off");
         db_.prepare("read_window", sql(read_window_sql, schema_));
+        db_.prepare("read_small", sql(read_small_sql, schema_));
         db_.prepare("fetch_page", sql(fetch_page_sql, schema_));
         db_.prepare("checkpoint", sql(checkpoint_sql, schema_));
         db_.prepare("declare", sql(declare_sql, schema_));
@@ -404,7 +454,7 @@ private:
                 bucket_start = now;
                 bucket_events = 0;
             }
-            const bool found = read_window();
+            const bool found = read_window(ioc, s);
             if (found) {
                 last_found = now;
                 bucket_events += ids_.size();
@@ -450,32 +500,42 @@ private:
 
     // Reads the next window (A = the last window's B) and its ids; true when
     // it holds events.
-    bool read_window() {
+    bool read_window(net::io_context& ioc, sender& s) {
         const auto t0 = steady::now();
-        pqxx::nontransaction tx(db_);
-        const auto r = resume_ ? tx.exec_prepared("read_window", snap_a_, resume_->first, resume_->second)
-                               : tx.exec_prepared("read_window", snap_a_, nullptr, 0);
+        const std::optional<std::string> resume_b = resume_ ? std::optional(resume_->first) : std::nullopt;
+        const std::int64_t low = resume_ ? resume_->second : 0;
         resume_.reset();
+        pqxx::nontransaction tx(db_);
+        auto r = resume_b ? tx.exec_prepared("read_small", snap_a_, *resume_b, low, o_.page + 1)
+                          : tx.exec_prepared("read_small", snap_a_, nullptr, low, o_.page + 1);
+        const auto snap_b = r[0][1].as<std::string>();
+        const bool small = r.size() <= o_.page;
+        if (!small) r = tx.exec_prepared("read_window", snap_a_, snap_b, low);
         if (o_.log_reads) {
             const auto us = std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - t0).count();
             const auto unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch());
             std::cerr << fmt::format("ts={:.3f} read_us={} ids={}\n", unix_s.count(), us,
                                      r.size() == 1 && r[0][0].is_null() ? 0 : r.size());
         }
-        const auto snap_b = r[0][1].as<std::string>();
         ids_.clear();
         pos_ = 0;
         for (const auto& row : r) {
             if (!row[0].is_null()) ids_.push_back(row[0].as<std::int64_t>());
         }
-        std::lock_guard lock(prog_.mu);
-        if (ids_.empty()) {
-            if (prog_.windows.empty()) prog_.settled_a = snap_b;
-            else prog_.windows.emplace(++window_seq_, window_state{snap_a_, snap_b, {}, max_id});
-        } else {
-            prog_.windows.emplace(++window_seq_, window_state{snap_a_, snap_b, {}, ids_.front()});
+        {
+            std::lock_guard lock(prog_.mu);
+            if (ids_.empty()) {
+                if (prog_.windows.empty()) prog_.settled_a = snap_b;
+                else prog_.windows.emplace(++window_seq_, window_state{snap_a_, snap_b, {}, max_id});
+            } else {
+                prog_.windows.emplace(++window_seq_, window_state{snap_a_, snap_b, {}, ids_.front()});
+            }
         }
         snap_a_ = snap_b;
+        if (small && !ids_.empty()) {
+            pos_ = ids_.size();
+            post_page(ioc, s, decode_page(r));
+        }
         return !ids_.empty();
     }
 
@@ -484,18 +544,29 @@ private:
         pqxx::nontransaction tx(db_);
         const auto r = tx.exec_prepared("fetch_page", ids_literal(ids_, pos_, n));
         pos_ += n;
+        post_page(ioc, s, decode_page(r, 1));
+    }
+
+    // Rows of (id, [B,] topic, ordering_key, payload, headers): `topic` is the
+    // topic's column (read_small has B in column 1, fetch_page does not).
+    std::vector<wire_event> decode_page(const pqxx::result& r, int topic = 2) const {
         std::vector<wire_event> page;
         page.reserve(r.size());
         for (const auto& row : r) {
+            if (row[0].is_null()) continue;
             wire_event w;
             w.e.id = row[0].as<std::int64_t>();
-            w.e.topic = row[1].as<std::string>();
-            if (!row[2].is_null()) w.e.ordering_key = row[2].as<std::string>();
-            w.e.payload = row[3].as<std::string>();
-            w.e.headers = parse_headers(row[4].as<std::string>());
+            w.e.topic = row[topic].as<std::string>();
+            if (!row[topic + 1].is_null()) w.e.ordering_key = row[topic + 1].as<std::string>();
+            w.e.payload = row[topic + 2].as<std::string>();
+            w.e.headers = parse_headers(row[topic + 3].as<std::string>());
             w.window = window_seq_;
             page.push_back(std::move(w));
         }
+        return page;
+    }
+
+    void post_page(net::io_context& ioc, sender& s, std::vector<wire_event> page) {
         {
             std::lock_guard lock(prog_.mu);
             auto& win = prog_.windows.at(window_seq_);
@@ -564,7 +635,7 @@ private:
     std::cerr << "outboxd-bench-windows: " << why
               << "\nusage: outboxd-bench-windows --database-url URL [--schema S] --setup\n"
                  "       outboxd-bench-windows --database-url URL [--schema S] --url ENDPOINT [--concurrency N]\n"
-                 "                             [--tick-ms MS] [--page N] [--max-queued N] [--log-reads]\n";
+                 "                             [--tick-ms MS] [--page N] [--max-queued N] [--log-reads] [--stats]\n";
     std::exit(2);
 }
 
@@ -572,8 +643,8 @@ options parse(int argc, char** argv) {
     options o;
     for (int i = 1; i < argc; ++i) {
         const std::string_view a = argv[i];
-        if (a == "--setup" || a == "--log-reads") {
-            (a == "--setup" ? o.setup : o.log_reads) = true;
+        if (a == "--setup" || a == "--log-reads" || a == "--stats") {
+            (a == "--setup" ? o.setup : a == "--stats" ? o.stats : o.log_reads) = true;
             continue;
         }
         if (i + 1 >= argc) usage(fmt::format("{} needs a value", a));
