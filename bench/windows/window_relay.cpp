@@ -414,12 +414,22 @@ public:
         auto guard = net::make_work_guard(ioc);
         sender s(ioc, o_, id_prefix_, prog_);
         std::thread io([&ioc] { ioc.run(); });
-        const int rc = loop(ioc, s);
-        net::post(ioc, [&s] { s.close(); });
-        guard.reset();
-        ioc.stop();
-        io.join();
-        return rc;
+        // The io thread is joined whatever happens (a database gone at
+        // shutdown throws here; a joinable thread's destructor would abort).
+        const auto finish = [&] {
+            net::post(ioc, [&s] { s.close(); });
+            guard.reset();
+            ioc.stop();
+            io.join();
+        };
+        try {
+            const int rc = loop(ioc, s);
+            finish();
+            return rc;
+        } catch (...) {
+            finish();
+            throw;
+        }
     }
 
 private:
