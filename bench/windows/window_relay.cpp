@@ -8,17 +8,19 @@
 //       index and the cursor table, and put the cursor at the current
 //       snapshot (idempotent); then exit
 //   outboxd-bench-windows --database-url URL --schema S --url http://HOST:PORT/
-//       [--concurrency 32] [--tick-ms 20] [--page 1000] [--max-queued 4000] [--log-reads]
+//       [--concurrency 32] [--tick-ms 20] [--page 1000] [--max-queued 4000] [--log-reads] [--stats]
 //       relay until SIGTERM/SIGINT; --log-reads prints one line per window
 //       read to stderr (`ts=<unix s> read_us=<round trip> ids=<n>`), which
-//       bench/long_transaction.sh reads
+//       bench/long_transaction.sh reads; --stats a line a second about
+//       the HTTP side (requests, round trips, events waiting behind a key)
 //
 // What it does, as the design says:
 // * reads windows "committed after snapshot A and by snapshot B" with one
 //   statement whose own snapshot is B (PgQ membership: the txid range
-//   [xmax(A), xmax(B)) plus exact probes for the xids running at A), ids and
-//   keys in id order; then the payloads by id, a page at a time, while the
-//   events held in memory are under --max-queued;
+//   [xmax(A), xmax(B)) plus exact probes for the xids running at A), in id
+//   order. A window of at most --page events comes with its events in that
+//   one statement; a larger one is read as ids, then fetched by id a page
+//   at a time while the events held in memory are under --max-queued;
 // * sends unkeyed events at once (the webhook client's pool, --concurrency
 //   connections, as outboxd's); keeps one FIFO per ordering key and sends a
 //   key's next event only once its previous one got a 2xx;
