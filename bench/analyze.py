@@ -7,7 +7,8 @@ rebuild the table from a kept raw directory (bench/run.sh --keep-raw):
     /usr/bin/python3 bench/analyze.py RAW_DIR [--out FILE.md]
 
 Inputs of one run (all times CLOCK_MONOTONIC nanoseconds, one machine):
-  producer file   p <TAB> n <TAB> event id <TAB> commit_ns    (one per commit)
+  producer file   p <TAB> n <TAB> event id <TAB> commit_ns [<TAB> key <TAB> begin_ns]
+                  (one per commit; key "-" for none)
   receiver file   recv_ns <TAB> webhook-id <TAB> body         (one per request)
   meta            what the orchestrator measured around the run (run-N.json)
 
@@ -15,6 +16,10 @@ Definitions (also printed under the table):
   delivered    committed events received at least once
   lost         committed events never received before the drain deadline
   dup          requests beyond the first for an event
+  order viol.  keyed scenarios: events that first arrived before an event of
+               their key that must precede them (one whose COMMIT returned
+               before their transaction began; in one bulk transaction: a
+               lower id); "–" without keys
   latency      first receipt minus the producer's COMMIT return (js-*: the
                message stored in the JetStream stream reaching a consumer,
                i.e. commit to JetStream's ack); it can be
@@ -42,8 +47,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-SCENARIO_ORDER = ["paced", "flat", "backlog", "many", "idle", "js-paced", "js-backlog"]
-RELAYS = ["outboxd", "baseline"]
+SCENARIO_ORDER = ["paced", "flat", "flat-k100", "backlog", "backlog-20k", "backlog-k100", "backlog-k10", "many", "idle",
+                  "js-paced", "js-backlog"]
+RELAYS = ["outboxd", "baseline", "windows"]
+# Scenarios that are another one with a different load: what their numbers mean.
+KIND = {"js-paced": "paced", "js-backlog": "backlog", "flat-k100": "flat", "backlog-20k": "backlog",
+        "backlog-k100": "backlog", "backlog-k10": "backlog"}
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -54,15 +63,54 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def read_producer(path: Path) -> dict[tuple[int, int], int]:
+def read_producer(path: Path) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], tuple[str, int, int]]]:
+    """Commit times by (p, n), and for keyed events (key, event id, begin_ns)."""
     commits: dict[tuple[int, int], int] = {}
+    keyed: dict[tuple[int, int], tuple[str, int, int]] = {}
     if not path.exists():
-        return commits
+        return commits, keyed
     with path.open() as f:
         for line in f:
-            p, n, _event_id, at = line.rstrip("\n").split("\t")
+            fields = line.rstrip("\n").split("\t")
+            p, n, event_id, at = fields[:4]
             commits[(int(p), int(n))] = int(at)
-    return commits
+            if len(fields) >= 6 and fields[4] != "-":
+                keyed[(int(p), int(n))] = (fields[4], int(event_id), int(fields[5]))
+    return commits, keyed
+
+
+def order_violations(commits: dict, keyed: dict, first: dict) -> int:
+    """Events received before an event of their key that had to precede
+    them: one whose COMMIT returned before their transaction began, or, in
+    the same transaction (same commit time), a lower id. Lost events are
+    left out (they count as lost)."""
+    by_key: dict[str, list[tuple[int, int, int, int]]] = {}
+    for ev, (key, event_id, begin) in keyed.items():
+        if ev in first:
+            by_key.setdefault(key, []).append((commits[ev], begin, event_id, first[ev]))
+    violations = 0
+    for events in by_key.values():
+        late: set[int] = set()
+        # Across transactions: events in order of their begin; a pointer walks
+        # the events by commit and keeps the latest receipt of those that
+        # committed before the current one began.
+        by_commit = sorted(events)
+        i = 0
+        latest = -1
+        for commit, begin, event_id, recv in sorted(events, key=lambda e: e[1]):
+            while i < len(by_commit) and by_commit[i][0] < begin:
+                latest = max(latest, by_commit[i][3])
+                i += 1
+            if latest > recv:
+                late.add(event_id)
+        # Within one transaction (same commit time): id order.
+        latest_in_txn: dict[int, int] = {}
+        for commit, _begin, event_id, recv in sorted(events, key=lambda e: (e[0], e[2])):
+            if latest_in_txn.get(commit, -1) > recv:
+                late.add(event_id)
+            latest_in_txn[commit] = max(latest_in_txn.get(commit, -1), recv)
+        violations += len(late)
+    return violations
 
 
 def read_receiver(path: Path, tag: int) -> tuple[list[tuple[int, tuple[int, int]]], int]:
@@ -103,7 +151,7 @@ def compute(meta: dict, raw_dir: Path) -> dict:
     if meta["scenario"] == "idle":
         return m
 
-    commits = read_producer(raw_dir / meta["producer_file"])
+    commits, keyed = read_producer(raw_dir / meta["producer_file"])
     receipts, stray = read_receiver(raw_dir / meta["receiver_file"], meta["tag"])
     first: dict[tuple[int, int], int] = {}
     dup = 0
@@ -121,12 +169,17 @@ def compute(meta: dict, raw_dir: Path) -> dict:
     delivered = len(first)
     m.update(committed=committed, delivered=delivered, lost=committed - delivered, dup=dup,
              unexpected=unexpected, stray=stray, producer_errors=meta.get("producer_errors", 0))
+    m["order_violations"] = order_violations(commits, keyed, first) if keyed else None
+    # CPU per delivered event of the relay, its PostgreSQL backends and the receiver.
+    for key, out in (("cpu_s", "relay_us_event"), ("db_cpu_s", "db_us_event"), ("receiver_cpu_s", "recv_us_event")):
+        if meta.get(key) is not None and delivered:
+            m[out] = meta[key] / delivered * 1e6
 
     start = meta["load_start_ns"]
     last_commit = max(commits.values()) if commits else start
     last_recv = max(first.values()) if first else None
     m["insert_rate"] = committed / ((last_commit - start) / 1e9) if last_commit > start else None
-    if meta["scenario"] in ("backlog", "js-backlog"):
+    if KIND.get(meta["scenario"], meta["scenario"]) == "backlog":
         relay_start = meta["relay_start_ns"]
         m["delivered_rate"] = delivered / ((last_recv - relay_start) / 1e9) if last_recv else None
         m["drain_s"] = (last_recv - relay_start) / 1e9 if last_recv else None
@@ -147,6 +200,7 @@ COLUMNS = [  # key, header, format
     ("delivered", "delivered", "{:.0f}"),
     ("lost", "lost", "{:.0f}"),
     ("dup", "dup", "{:.0f}"),
+    ("order_violations", "order viol.", "{:.0f}"),
     ("p50_ms", "p50 ms", "{:.2f}"),
     ("p90_ms", "p90 ms", "{:.2f}"),
     ("p99_ms", "p99 ms", "{:.2f}"),
@@ -163,6 +217,9 @@ COLUMNS = [  # key, header, format
 DETAIL_COLUMNS = COLUMNS + [
     ("committed", "committed", "{:.0f}"),
     ("db_cpu_s", "relay's PG backends CPU s", "{:.2f}"),
+    ("relay_us_event", "relay µs/event", "{:.1f}"),
+    ("db_us_event", "PG backends µs/event", "{:.1f}"),
+    ("recv_us_event", "receiver µs/event", "{:.1f}"),
     ("negative", "latency < 0", "{:.0f}"),
     ("unexpected", "unexpected", "{:.0f}"),
     ("stray", "stray", "{:.0f}"),
@@ -205,9 +262,10 @@ def table(metrics: list[dict], columns=COLUMNS) -> str:
             medians[relay] = {k: median_of(runs, k) for k, _, _ in columns}
             cells = [fmt(medians[relay][k], f) for k, _, f in columns]
             lines.append(f"| {scenario} | {relay} | {len(runs)} | " + " | ".join(cells) + " |")
-        if len(medians) == 2:
-            cells = [fmt(ratio(medians["outboxd"][k], medians["baseline"][k]), "{:.3g}×") for k, _, _ in columns]
-            lines.append(f"| {scenario} | **outboxd/baseline** | | " + " | ".join(cells) + " |")
+        for a, b in (("outboxd", "baseline"), ("windows", "outboxd")):
+            if a in medians and b in medians:
+                cells = [fmt(ratio(medians[a][k], medians[b][k]), "{:.3g}×") for k, _, _ in columns]
+                lines.append(f"| {scenario} | **{a}/{b}** | | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -234,7 +292,7 @@ def report(metrics: list[dict], env: dict) -> str:
                f"wal_sync_method={env.get('wal_sync_method', '?')} (durable commits, as users run it). ")
     dsn_params = f", database URL parameters `{env['outboxd_dsn_params']}`" if env.get("outboxd_dsn_params") else ""
     if env.get("outboxd_wake"):
-        dsn_params += f", `--wake {env['outboxd_wake']}`" + (" (notify trigger removed)" if env["outboxd_wake"] == "poll" else "")
+        dsn_params += f", `--wake {env['outboxd_wake']}`" + (" (no notify trigger)" if env["outboxd_wake"] in ("poll", "wal") else "")
     out.append(f"{env.get('outboxd', 'outboxd ?')}, `--concurrency {env.get('concurrency', 'default')}`{dsn_params}. "
                f"Scenarios: {env.get('scenarios', '?')}. Medians of {env.get('runs', '?')} run(s) per cell.")
     out.append("")
@@ -245,7 +303,7 @@ def report(metrics: list[dict], env: dict) -> str:
     out.append("")
     out.append(table(metrics))
     out.append("")
-    out.append("Ratios are outboxd/baseline of the medians: below 1 is better for latency, lost, dup, drain, CPU "
+    out.append("Ratios (outboxd/baseline, windows/outboxd) are of the medians: below 1 is better for latency, lost, dup, drain, CPU "
                "and RSS; above 1 is better for delivered/s.")
     out.append("")
     out.append("<details><summary>Definitions, scenario parameters and every run</summary>")

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Claim cost while a long transaction elsewhere holds back vacuum.
 #
-#   bench/long_transaction.sh [HOLD_SECONDS [RATE]]   defaults: 120 s, 300 events/s
+#   bench/long_transaction.sh [HOLD_SECONDS [RATE [RELAY]]]   defaults: 120 s, 300 events/s, outboxd
+#
+# RELAY windows: the commit-ordered windows prototype (bench/windows/
+# window_relay.cpp) instead of outboxd, on its own copy of the outbox
+# (schema win); its round trip is the window read (read_us of --log-reads).
 #
 # Starts its own durable PostgreSQL with pg_stat_statements, the bench
 # receiver, build/outboxd (debug log) and a paced producer; after 10 s of
@@ -15,6 +19,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 hold=${1:-120}
 rate=${2:-300}
+relay=${3:-outboxd}
+case $relay in outboxd) schema=outbox ;; windows) schema=win ;; *) echo "RELAY is outboxd or windows" >&2; exit 2 ;; esac
 
 source scripts/throwaway_pg.sh
 throwaway_dir dir outboxd-longtx
@@ -30,15 +36,21 @@ scripts/pg.sh stop "$pgdir" >/dev/null
 printf "shared_preload_libraries = 'pg_stat_statements'\n" >> "$pgdir/postgresql.conf"
 url=$(scripts/pg.sh start "$pgdir" | tail -1)
 psql -X -q "$url" -c "CREATE EXTENSION pg_stat_statements"
-build/outboxd migrate --database-url "$url" --schema outbox 2>/dev/null
+build/outboxd migrate --database-url "$url" --schema "$schema" 2>/dev/null
+[[ $relay == windows ]] && build/bench/outboxd-bench-windows --database-url "$url" --schema win --setup
 
 build/bench/outboxd-bench-receiver --port-file "$dir/port" --threads 1 >"$dir/receiver.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do [[ -s $dir/port ]] && break; sleep 0.1; done
-build/outboxd --log-level debug run --database-url "$url" --url "http://127.0.0.1:$(cat "$dir/port")/" \
-  2>"$dir/relay.log" &
+if [[ $relay == windows ]]; then
+  build/bench/outboxd-bench-windows --log-reads --database-url "$url" --schema win \
+    --url "http://127.0.0.1:$(cat "$dir/port")/" 2>"$dir/relay.log" &
+else
+  build/outboxd --log-level debug run --database-url "$url" --url "http://127.0.0.1:$(cat "$dir/port")/" \
+    2>"$dir/relay.log" &
+fi
 pids+=($!)
-build/bench/outboxd-bench-producer --database-url "$url" --run 1 --out "$dir/producer.out" --mode paced \
+build/bench/outboxd-bench-producer --database-url "$url" --schema "$schema" --run 1 --out "$dir/producer.out" --mode paced \
   --rate "$rate" --count "$((rate * (hold + 20)))" >"$dir/producer.log" 2>&1 &
 producer=$!
 pids+=($producer)
@@ -47,7 +59,7 @@ sleep 10  # steady load first
 psql -X -q "$url" -c "SELECT pg_stat_statements_reset()" >/dev/null
 date +%s.%N >"$dir/hold_start"
 psql -X -q "$url" -c "BEGIN ISOLATION LEVEL REPEATABLE READ" -c "SELECT txid_current()" \
-  -c "SELECT count(*) FROM outbox.events" -c "SELECT pg_sleep($hold)" -c "COMMIT" >/dev/null
+  -c "SELECT count(*) FROM $schema.events" -c "SELECT pg_sleep($hold)" -c "COMMIT" >/dev/null
 psql -X "$url" -c "
   SELECT calls, round((total_exec_time / calls)::numeric * 1000) AS exec_us_per_call,
          round(rows::numeric / calls, 1) AS rows_per_call,
@@ -65,7 +77,10 @@ for line in open(d + "/relay.log"):
     if "msg=claimed" in line and us and ts:
         t = datetime.datetime.fromisoformat(ts.group(1).replace("Z", "+00:00")).timestamp()
         buckets.setdefault(int((t - start) // 15), []).append(int(us.group(1)))
-print("claim round trip, from the start of the hold:")
+    read = re.search(r"^ts=([0-9.]+) read_us=(\d+)", line)  # the windows prototype
+    if read:
+        buckets.setdefault(int((float(read.group(1)) - start) // 15), []).append(int(read.group(2)))
+print("claim (windows: window read) round trip, from the start of the hold:")
 for k in sorted(buckets):
     v = sorted(buckets[k])
     print(f"  {k * 15:+4d}..{k * 15 + 15:+4d} s  claims {len(v):5d}  median {v[len(v) // 2]:6d} us"

@@ -8,7 +8,8 @@ stops the database on exit. Run by hand against a cluster of your own:
     /usr/bin/python3 bench/orchestrate.py --database-url URL --build-dir build \
         --raw-dir /tmp/raw [--runs 3] [--scenario paced] [--quick]
 
-Per run of a scenario, for outboxd and then for the baseline relay, side by
+Per run of a scenario, for each relay in turn (outboxd, the baseline relay,
+and with --relay windows the commit-ordered windows prototype), side by
 side: make sure nothing is left undelivered, start the relay, let producers
 commit events, wait until every committed event was received and the relay's
 table is drained (bounded by a deadline), read the relay's CPU and peak RSS
@@ -39,12 +40,18 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import analyze  # noqa: E402
 
-ALL_SCENARIOS = ["paced", "flat", "backlog", "many", "idle", "js-paced", "js-backlog"]
+ALL_SCENARIOS = ["paced", "flat", "flat-k100", "backlog", "backlog-20k", "backlog-k100", "backlog-k10", "many", "idle",
+                 "js-paced", "js-backlog"]
+DEFAULT_SCENARIOS = ["paced", "flat", "backlog", "many", "idle", "js-paced", "js-backlog"]
 # The JetStream scenarios: paced and backlog again, outboxd publishing to a
 # single-node JetStream stream (a nats-server started here) instead of
 # POSTing to the receiver; the receiver records what the stream stored.
 # The baseline has no JetStream transport: outboxd only.
 JETSTREAM = {"js-paced": "paced", "js-backlog": "backlog"}
+# Keyed scenarios (issue 14): the load of their kind, with ordering keys
+# round-robin over K keys (bench/producer.cpp --keys); the analysis checks
+# per-key order. The baseline has no ordering keys: not run there.
+KEYED = {"flat-k100": "flat", "backlog-k100": "backlog", "backlog-k10": "backlog"}
 NATS_SERVER = "/usr/sbin/nats-server"
 
 # name -> (full, quick) parameters. Durations in seconds.
@@ -52,10 +59,21 @@ PARAMS = {
     "paced": ({"rate": 200, "count": 3000, "connections": 1}, {"rate": 200, "count": 600, "connections": 1}),
     "flat": ({"duration": 10, "connections": 4}, {"duration": 3, "connections": 4}),
     "backlog": ({"count": 100_000}, {"count": 20_000}),
+    # Keyed backlogs are 20,000: today's keyed claim is O(backlog) per claim
+    # (bench/NOTES.md), so 100,000 would take many minutes a run. backlog-20k
+    # is the unkeyed drain of the same size, for the keyed/unkeyed ratios.
+    "backlog-20k": ({"count": 20_000}, {"count": 5_000}),
+    "backlog-k100": ({"count": 20_000, "keys": 100}, {"count": 5_000, "keys": 100}),
+    "backlog-k10": ({"count": 20_000, "keys": 10}, {"count": 5_000, "keys": 10}),
+    "flat-k100": ({"duration": 10, "connections": 4, "keys": 100}, {"duration": 3, "connections": 4, "keys": 100}),
     "many": ({"duration": 10, "connections": 32}, {"duration": 3, "connections": 32}),
     "idle": ({"duration": 10}, {"duration": 3}),
 }
 PARAMS.update({js: PARAMS[base] for js, base in JETSTREAM.items()})
+KIND = analyze.KIND
+# The windows prototype consumes its own copy of the outbox (another schema,
+# installed by bench/run.sh), since it deletes nothing.
+WINDOWS_SCHEMA = "win"
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 children: list[subprocess.Popen] = []
@@ -149,6 +167,15 @@ class Database:
     def pending(self, relay: str) -> int:
         if relay == "outboxd":
             return int(self.query(f"SELECT count(*) FROM {self.quoted_schema()}.events"))
+        if relay == "windows":
+            # Events its checkpointed cursor does not cover yet (it deletes
+            # nothing): began at or after the cursor's xmax, or running then.
+            return int(self.query(
+                f"WITH c AS MATERIALIZED (SELECT snap_a FROM {WINDOWS_SCHEMA}.cursors) "
+                f"SELECT count(*) FROM c, {WINDOWS_SCHEMA}.events e "
+                "WHERE (e.txid >= pg_snapshot_xmax(c.snap_a) "
+                "       OR e.txid IN (SELECT pg_snapshot_xip(c.snap_a))) "
+                "  AND NOT pg_visible_in_snapshot(e.txid, c.snap_a)"))
         return int(self.query("SELECT count(*) FROM baseline.events WHERE published_at IS NULL"))
 
     def backends(self, app_name: str) -> list[int]:
@@ -237,6 +264,10 @@ def describe(scenario: str, p: dict) -> str:
     if scenario == "flat":
         return (f"flat: {p['connections']} producer connections, one event per transaction, "
                 f"as fast as they can for {p['duration']} s")
+    keys = f", ordering keys round-robin over {p['keys']} keys" if p.get("keys") else ""
+    if scenario in KEYED or scenario == "backlog-20k":
+        return describe(KIND[scenario], {k: v for k, v in p.items() if k != "keys"}).replace(
+            KIND[scenario] + ":", scenario + ":", 1) + keys
     if scenario == "backlog":
         return (f"backlog: {p['count']} events committed in one transaction while the relay is stopped, "
                 "then the relay starts")
@@ -258,7 +289,10 @@ class Bench:
         bin_dir.mkdir(exist_ok=True)
         exes = {}
         for name, rel in (("outboxd", "outboxd"), ("producer", "bench/outboxd-bench-producer"),
-                          ("baseline", "bench/outboxd-bench-baseline"), ("receiver", "bench/outboxd-bench-receiver")):
+                          ("baseline", "bench/outboxd-bench-baseline"), ("receiver", "bench/outboxd-bench-receiver"),
+                          ("windows", "bench/outboxd-bench-windows")):
+            if name == "windows" and "windows" not in (args.relay or []):
+                continue
             src = self.build / rel
             if not src.exists():
                 raise SystemExit(f"orchestrate.py: {src} missing: build first (bench/run.sh does)")
@@ -267,7 +301,9 @@ class Bench:
         self.outboxd = exes["outboxd"]
         self.producer = exes["producer"]
         self.baseline = exes["baseline"]
-        wanted = args.scenario or ALL_SCENARIOS
+        self.windows = exes.get("windows")
+        self.relays = args.relay or ["outboxd", "baseline"]
+        wanted = args.scenario or DEFAULT_SCENARIOS
         self.nats = NatsServer(self.raw) if any(s in JETSTREAM for s in wanted) else None
         self.receiver = Receiver(exes["receiver"], self.raw, args.receiver_threads,
                                  self.nats.url if self.nats else None)
@@ -281,6 +317,9 @@ class Bench:
 
     def baseline_url(self) -> str:
         return with_params(self.args.database_url, "application_name=outboxd-baseline")
+
+    def windows_url(self) -> str:
+        return with_params(self.args.database_url, "application_name=outboxd-windows")
 
     def outboxd_url(self) -> str:
         if not self.args.outboxd_dsn_params:
@@ -304,6 +343,11 @@ class Bench:
                 cmd += ["--concurrency", str(self.args.concurrency)]
             if self.args.outboxd_wake:
                 cmd += ["--wake", self.args.outboxd_wake]
+        elif relay == "windows":
+            cmd = [str(self.windows), "--database-url", self.windows_url(), "--schema", WINDOWS_SCHEMA,
+                   "--url", self.receiver.url]
+            if self.args.concurrency:
+                cmd += ["--concurrency", str(self.args.concurrency)]
         else:
             cmd = [str(self.baseline), "--database-url", self.baseline_url(), "--url", self.receiver.url]
         with open(log_path, "w") as err:  # the child keeps its own copy of the descriptor
@@ -311,7 +355,7 @@ class Bench:
 
     @staticmethod
     def app_name(relay: str) -> str:
-        return "outboxd" if relay == "outboxd" else "outboxd-baseline"
+        return {"outboxd": "outboxd", "windows": "outboxd-windows"}.get(relay, "outboxd-baseline")
 
     def wait_ready(self, relay: str, proc: subprocess.Popen) -> list[int]:
         """Until the relay is connected to the database; returns the backend
@@ -389,11 +433,16 @@ class Bench:
                 "load_before": load_average()}
         relay_log = self.raw / f"relay-{tag}.log"
         meta["probe_commit_ms"] = self.probe_commit_ms(tag)
-        kind = JETSTREAM.get(scenario, scenario)
+        kind = KIND.get(scenario, scenario)
+        meta["kind"] = kind
 
         def producer(mode_args: list[str], timeout: float) -> dict:
-            cmd = [str(self.producer), "--database-url", self.args.database_url, "--target", relay,
-                   "--schema", self.args.schema, "--run", str(tag), "--out", str(self.raw / meta["producer_file"])]
+            # The windows prototype's events are enqueued like outboxd's, into its schema.
+            target, schema = ("outboxd", WINDOWS_SCHEMA) if relay == "windows" else (relay, self.args.schema)
+            cmd = [str(self.producer), "--database-url", self.args.database_url, "--target", target,
+                   "--schema", schema, "--run", str(tag), "--out", str(self.raw / meta["producer_file"])]
+            if p.get("keys"):
+                cmd += ["--keys", str(p["keys"])]
             r = subprocess.run(cmd + mode_args, capture_output=True, text=True, timeout=timeout)
             if r.returncode != 0:
                 raise RuntimeError(f"producer failed ({r.returncode}): {r.stderr.strip()}")
@@ -402,8 +451,10 @@ class Bench:
                 log(f"producer: {summary['errors']} failed transactions, last: {summary['last_error']}")
             return summary
 
+        recv0 = cpu_seconds(self.receiver.proc.pid) or 0.0
         if kind == "backlog":
             summary = producer(["--mode", "bulk", "--count", str(p["count"])], timeout=600)
+            recv0 = cpu_seconds(self.receiver.proc.pid) or 0.0
             meta["relay_start_ns"] = meta["window_start_ns"] = now_ns()
             proc = self.start_relay(relay, relay_log, scenario)
             cpu0 = 0.0
@@ -414,6 +465,7 @@ class Bench:
             db_pids = self.wait_ready(relay, proc)
             db0 = self.backends_cpu(db_pids)
             cpu0 = cpu_seconds(proc.pid) or 0.0
+            recv0 = cpu_seconds(self.receiver.proc.pid) or 0.0
             meta["window_start_ns"] = now_ns()
             if scenario == "idle":
                 time.sleep(p["duration"])
@@ -436,6 +488,8 @@ class Bench:
             if kind == "backlog":
                 db_pids = self.db.backends(self.app_name(relay))  # connected since relay start
         cpu1 = cpu_seconds(proc.pid)
+        # Includes the orchestrator's count polls (cheap next to the requests).
+        meta["receiver_cpu_s"] = (cpu_seconds(self.receiver.proc.pid) or 0.0) - recv0
         meta["window_end_ns"] = now_ns()
         meta["cpu_s"] = None if cpu1 is None else cpu1 - cpu0
         meta["rss_kb"] = peak_rss_kb(proc.pid)
@@ -450,6 +504,14 @@ class Bench:
         meta["load_after"] = load_average()
         (self.raw / f"run-{tag}.json").write_text(json.dumps(meta, indent=1))
         return analyze.compute(meta, self.raw)
+
+    def relays_for(self, scenario: str) -> list[str]:
+        """The relays a scenario runs on, in --relay order (interleaved within a round)."""
+        if scenario in JETSTREAM:
+            return [r for r in self.relays if r == "outboxd"]
+        if scenario in KEYED:
+            return [r for r in self.relays if r != "baseline"]
+        return self.relays
 
     def environment(self, scenarios: list[str]) -> dict:
         def show(name: str) -> str:
@@ -484,6 +546,9 @@ class Bench:
                      f"(backlog: {self.backlog_deadline} s after the relay starts)")
         lines.append("baseline: bench/baseline_relay.cpp (poll every 500 ms, 100 rows FOR UPDATE SKIP LOCKED, "
                      "synchronous POSTs inside the transaction, UPDATE published_at)")
+        if "windows" in self.relays:
+            lines.append("windows: bench/windows/window_relay.cpp (commit-ordered windows prototype, schema "
+                         f"{WINDOWS_SCHEMA}: outboxd's outbox plus a txid column)")
         lines.append(f"receiver: bench/receiver.cpp, {self.args.receiver_threads} thread(s); "
                      "producers: bench/producer.cpp (BEGIN; enqueue or INSERT; COMMIT)")
         return {
@@ -503,24 +568,15 @@ class Bench:
             "load_start": load_average(),
         }
 
-    def wake_trigger(self, action: str) -> None:
-        r = subprocess.run([str(self.outboxd), "--database-url", self.args.database_url, "--schema",
-                            self.args.schema, "wake-trigger", action], capture_output=True, text=True, timeout=60)
-        if r.returncode != 0:
-            raise RuntimeError(f"outboxd wake-trigger {action} failed ({r.returncode}): {r.stderr.strip()}")
-
     def run(self) -> int:
-        scenarios = [s for s in ALL_SCENARIOS if s in self.args.scenario] if self.args.scenario else ALL_SCENARIOS
+        scenarios = [s for s in ALL_SCENARIOS if s in self.args.scenario] if self.args.scenario else DEFAULT_SCENARIOS
         env = self.environment(scenarios)
-        if self.args.outboxd_wake == "poll":
-            # The producers' commits without the notify trigger: poll mode needs none.
-            self.wake_trigger("remove")
         if env["fsync"] != "on" or env["synchronous_commit"] != "on":
             log("WARNING: fsync or synchronous_commit is off: these are not the numbers users get")
         metrics = []
         for run in range(1, self.args.runs + 1):
             for scenario in scenarios:
-                for relay in (["outboxd"] if scenario in JETSTREAM else analyze.RELAYS):
+                for relay in self.relays_for(scenario):
                     m = self.run_one(scenario, relay, run)
                     metrics.append(m)
                     log(f"run {run} {scenario:8} {relay:8} " + ", ".join(
@@ -549,16 +605,18 @@ def main() -> int:
     ap.add_argument("--results", help="also write the Markdown report here")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--scenario", action="append", choices=ALL_SCENARIOS,
-                    help="run only this scenario (repeatable); default: all")
+                    help="run only this scenario (repeatable); default: all but the keyed and backlog-20k ones")
     ap.add_argument("--quick", action="store_true", help="shorter scenarios, for a smoke run")
+    ap.add_argument("--relay", action="append", choices=["outboxd", "baseline", "windows"],
+                    help="run this relay (repeatable, in this order within a round); default: outboxd, baseline")
     ap.add_argument("--concurrency", type=int, help="passed to `outboxd run --concurrency`")
     ap.add_argument("--receiver-threads", type=int, default=1)
     ap.add_argument("--outboxd-dsn-params", default="",
                     help="URI parameters added to outboxd's database URL only, to try a setting, e.g. "
                          "'options=-csynchronous_commit%%3Doff'")
-    ap.add_argument("--outboxd-wake", choices=["auto", "notify", "poll"],
-                    help="outboxd's relay.wake (default: its own); poll also removes the notify trigger, "
-                         "so the producers commit into a trigger-less outbox")
+    ap.add_argument("--outboxd-wake", choices=["auto", "notify", "poll", "wal"],
+                    help="outboxd's relay.wake (default: its own); the database must be set up for it "
+                         "(`outboxd wake-setup MODE`, as bench/run.sh does)")
     args = ap.parse_args()
     if not 1 <= args.runs <= 20:
         ap.error("--runs must be 1..20")

@@ -3,7 +3,7 @@
 // receiver's clock: same machine, system-wide clock).
 //
 //   outboxd-bench-producer --database-url URL --run TAG --out FILE
-//       [--target outboxd|baseline|probe] [--schema NAME] [--topic T]
+//       [--target outboxd|baseline|probe] [--schema NAME] [--topic T] [--keys K]
 //       --mode paced --rate R --count C [--connections N]
 //       --mode flat  --duration SECONDS  [--connections N]
 //       --mode bulk  --count C
@@ -17,6 +17,11 @@
 // Each event's payload is {"r": TAG, "p": connection, "n": sequence}, so the
 // receiver's copy is matched to its commit without trusting the relay.
 //
+// --keys K (outboxd target only): events get ordering keys "k0".."k<K-1>",
+// round-robin over all connections' events (paced: event k has key k % K;
+// flat: a connection's n-th event has key (n * connections + p) % K; bulk:
+// row g has key g % K), so every key is shared by every connection.
+//
 // Modes:
 //   paced  C events in total at R per second over all connections, on an
 //          absolute schedule (a late event is sent at once, not skipped)
@@ -26,7 +31,10 @@
 // Every connection connects and prepares its statement before the clock starts.
 //
 // Output: FILE gets one line per committed event, `p <TAB> n <TAB> id <TAB>
-// commit_ns`; stdout gets one JSON summary line.
+// commit_ns <TAB> key ("-" for none) <TAB> begin_ns` (begin_ns: just before
+// the transaction's BEGIN, so the analysis knows which events of a key must
+// arrive in order: one whose COMMIT returned before another began); stdout
+// gets one JSON summary line.
 
 #include <time.h>
 
@@ -78,6 +86,7 @@ struct options {
     long long count = 0;
     double duration_s = 0;
     long long run = 0;
+    int keys = 0;  // 0: no ordering keys
     std::string out;
 };
 
@@ -86,6 +95,8 @@ struct committed {
     long long n;
     long long id;
     std::int64_t at_ns;
+    int key;  // -1: none
+    std::int64_t begin_ns;
 };
 
 struct worker_result {
@@ -106,6 +117,9 @@ std::string quote_ident(std::string_view s) {
 }
 
 std::string insert_sql(const options& o) {
+    if (o.tgt == target::outboxd && o.keys > 0) {
+        return fmt::format("SELECT {}.enqueue($1, $2::jsonb, $3)", quote_ident(o.schema));
+    }
     if (o.tgt == target::outboxd) return fmt::format("SELECT {}.enqueue($1, $2::jsonb)", quote_ident(o.schema));
     if (o.tgt == target::baseline) {
         return "INSERT INTO baseline.events (topic, payload) VALUES ($1, $2::jsonb) RETURNING id";
@@ -121,6 +135,13 @@ std::string insert_sql(const options& o) {
 std::string bulk_sql(const options& o) {
     const auto table = o.tgt == target::outboxd ? fmt::format("{}.events", quote_ident(o.schema))
                                                 : std::string("baseline.events");
+    if (o.keys > 0) {
+        return fmt::format(
+            "INSERT INTO {} (topic, ordering_key, payload) SELECT $1, 'k' || (g % {}), "
+            "jsonb_build_object('r', $2::bigint, 'p', 0, 'n', g) "
+            "FROM generate_series(0, $3::bigint - 1) g ORDER BY g RETURNING id",
+            table, o.keys);
+    }
     return fmt::format(
         "INSERT INTO {} (topic, payload) SELECT $1, jsonb_build_object('r', $2::bigint, 'p', 0, 'n', g) "
         "FROM generate_series(0, $3::bigint - 1) g ORDER BY g RETURNING id",
@@ -162,12 +183,16 @@ void run_worker(const options& o, int p, std::latch& ready, std::latch& go, cons
             break;
         }
         const auto payload = fmt::format(R"({{"r":{},"p":{},"n":{}}})", o.run, p, n);
+        const int key = o.keys == 0 ? -1
+                        : static_cast<int>((o.m == mode::paced ? k : n * o.connections + p) % o.keys);
         try {
+            const auto begin_ns = monotonic_ns();
             pqxx::work tx(*conn);
-            const auto row = tx.exec_prepared1("ins", o.topic, payload);
+            const auto row = key < 0 ? tx.exec_prepared1("ins", o.topic, payload)
+                                     : tx.exec_prepared1("ins", o.topic, payload, fmt::format("k{}", key));
             const auto id = row[0].as<long long>();
             tx.commit();
-            res.events.push_back({p, n, id, monotonic_ns()});
+            res.events.push_back({p, n, id, monotonic_ns(), key, begin_ns});
         } catch (const pqxx::in_doubt_error& e) {
             // May or may not have committed: if it did, the receiver reports it
             // as an event nobody committed, which the analysis shows.
@@ -198,13 +223,17 @@ void run_bulk(const options& o, worker_result& res, std::int64_t& start_ns) {
     const auto at = monotonic_ns();
     res.events.reserve(r.size());
     long long n = 0;
-    for (const auto& row : r) res.events.push_back({0, n++, row[0].as<long long>(), at});
+    for (const auto& row : r) {
+        const int key = o.keys == 0 ? -1 : static_cast<int>(n % o.keys);
+        res.events.push_back({0, n, row[0].as<long long>(), at, key, start_ns});
+        ++n;
+    }
 }
 
 [[noreturn]] void usage(std::string_view why) {
     std::cerr << "outboxd-bench-producer: " << why
               << "\nusage: outboxd-bench-producer --database-url URL --run TAG --out FILE [--target outboxd|baseline]\n"
-                 "       [--schema NAME] [--topic T] [--connections N]\n"
+                 "       [--schema NAME] [--topic T] [--connections N] [--keys K]\n"
                  "       --mode paced --rate R --count C | --mode flat --duration S | --mode bulk --count C\n";
     std::exit(2);
 }
@@ -234,6 +263,7 @@ options parse(int argc, char** argv) {
         else if (a == "--duration") o.duration_s = std::stod(v);
         else if (a == "--run") o.run = std::stoll(v);
         else if (a == "--out") o.out = v;
+        else if (a == "--keys") o.keys = std::stoi(v);
         else usage(fmt::format("unknown option {}", a));
     }
     if (o.url.empty() || o.out.empty()) usage("--database-url and --out are required");
@@ -242,6 +272,7 @@ options parse(int argc, char** argv) {
     if (o.m == mode::flat && (o.duration_s <= 0 || o.duration_s > 3600)) usage("flat needs --duration (0..3600 s)");
     if (o.m == mode::bulk && o.count <= 0) usage("bulk needs --count");
     if (o.m == mode::bulk && o.tgt == target::probe) usage("bulk has no probe target");
+    if (o.keys < 0 || (o.keys > 0 && o.tgt != target::outboxd)) usage("--keys K >= 0, outboxd target only");
     return o;
 }
 
@@ -291,7 +322,11 @@ int main(int argc, char** argv) {
     std::string last_error;
     for (const auto& r : results) {
         for (const auto& e : r.events) {
-            fmt::print(f, "{}\t{}\t{}\t{}\n", e.p, e.n, e.id, e.at_ns);
+            if (e.key < 0) {
+                fmt::print(f, "{}\t{}\t{}\t{}\t-\t{}\n", e.p, e.n, e.id, e.at_ns, e.begin_ns);
+            } else {
+                fmt::print(f, "{}\t{}\t{}\t{}\tk{}\t{}\n", e.p, e.n, e.id, e.at_ns, e.key, e.begin_ns);
+            }
             last_commit = std::max(last_commit, e.at_ns);
         }
         total += static_cast<long long>(r.events.size());

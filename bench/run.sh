@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # The outboxd benchmark (issue 5), one command:
 #
-#   bench/run.sh [--runs N] [--scenario NAME]... [--quick] [--concurrency N]
+#   bench/run.sh [--runs N] [--scenario NAME]... [--relay NAME]... [--quick] [--concurrency N]
 #                [--receiver-threads N] [--outboxd-dsn-params P] [--outboxd-wake MODE]
 #                [--keep-raw] [--no-build]
 #
 #   --runs N            runs per scenario and relay; the table shows medians (default 3)
 #   --scenario NAME     paced | flat | backlog | many | idle | js-paced | js-backlog
-#                       (repeatable; default all; js-*: into a JetStream stream)
+#                       | flat-k100 | backlog-20k | backlog-k100 | backlog-k10
+#                       (repeatable; default all but the last four; js-*: into a
+#                       JetStream stream; -kN: ordering keys over N keys)
+#   --relay NAME        outboxd | baseline | windows (repeatable, the order within a
+#                       round; default outboxd and baseline; windows: the
+#                       commit-ordered windows prototype, bench/windows/)
 #   --quick             shortened scenarios for a smoke run (~2 minutes)
 #   --concurrency N     passed to `outboxd run` (default: outboxd's own)
 #   --receiver-threads  threads of the HTTP receiver (default 1)
 #   --outboxd-dsn-params P  URI parameters for outboxd's database URL only, to try
 #                       a setting (e.g. 'options=-csynchronous_commit%3Doff')
-#   --outboxd-wake MODE auto | notify | poll: outboxd's relay.wake; poll removes
-#                       the notify trigger first (producers commit trigger-less)
+#   --outboxd-wake MODE auto | notify | poll | wal: outboxd's relay.wake, and
+#                       `outboxd wake-setup MODE` first (poll: producers commit
+#                       trigger-less; wal: the publication)
 #   --keep-raw          keep the raw per-event files (printed path under /tmp)
 #   --no-build          use the binaries already in build/
 #
@@ -33,17 +39,19 @@ cd "$root"
 runs=3
 build=1
 keep_raw=0
+windows=0
 py_args=()
-usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --runs) runs=${2:?--runs needs a number}; shift 2 ;;
     --scenario) py_args+=(--scenario "${2:?--scenario needs a name}"); shift 2 ;;
+    --relay) py_args+=(--relay "${2:?--relay needs a name}"); [[ $2 == windows ]] && windows=1; shift 2 ;;
     --quick) py_args+=(--quick); shift ;;
     --concurrency) py_args+=(--concurrency "${2:?--concurrency needs a number}"); shift 2 ;;
     --receiver-threads) py_args+=(--receiver-threads "${2:?--receiver-threads needs a number}"); shift 2 ;;
     --outboxd-dsn-params) py_args+=(--outboxd-dsn-params "${2:?--outboxd-dsn-params needs a value}"); shift 2 ;;
-    --outboxd-wake) py_args+=(--outboxd-wake "${2:?--outboxd-wake needs a mode}"); shift 2 ;;
+    --outboxd-wake) export OUTBOXD_WAKE=${2:?--outboxd-wake needs a mode}; py_args+=(--outboxd-wake "$OUTBOXD_WAKE"); shift 2 ;;
     --keep-raw) keep_raw=1; shift ;;
     --no-build) build=0; shift ;;
     -h|--help) usage ;;
@@ -92,6 +100,12 @@ build/outboxd --database-url "$url" migrate >&2
 # in the database, e.g. the publication for wal, no trigger for poll.
 [[ -z ${OUTBOXD_WAKE:-} ]] || build/outboxd --database-url "$url" wake-setup "$OUTBOXD_WAKE" >&2
 build/bench/outboxd-bench-baseline --database-url "$url" --setup
+# The windows prototype's own copy of the outbox (it deletes nothing), plus
+# its txid column and cursor.
+if ((windows)); then
+  build/outboxd --database-url "$url" --schema win migrate >&2
+  build/bench/outboxd-bench-windows --database-url "$url" --schema win --setup
+fi
 
 # In the background with `wait`, so that a signal runs the trap at once.
 "$python" bench/orchestrate.py --database-url "$url" --build-dir build --raw-dir "$raw" \
