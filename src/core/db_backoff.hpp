@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 namespace outboxd {
 
@@ -23,5 +24,12 @@ public:
 private:
     std::chrono::milliseconds delay_{0};
 };
+
+// Between half the delay and all of it: many relays reconnecting after one
+// database restart spread out. `random`: any 32-bit random number.
+[[nodiscard]] constexpr std::chrono::milliseconds jittered(std::chrono::milliseconds delay,
+                                                           std::uint32_t random) noexcept {
+    return delay / 2 + std::chrono::milliseconds(random % (delay.count() / 2 + 1));
+}
 
 }  // namespace outboxd

@@ -295,9 +295,7 @@ void wal_listener::lose(const std::string& why) {
 void wal_listener::schedule_reconnect() {
     static thread_local std::minstd_rand rng{std::random_device{}()};
     const auto delay = backoff_.next();
-    // Jitter: many relays reconnecting after one database restart spread out.
-    const auto jittered = delay / 2 + std::chrono::milliseconds(rng() % (delay.count() / 2 + 1));
-    retry_timer_.expires_after(jittered);
+    retry_timer_.expires_after(jittered(delay, static_cast<std::uint32_t>(rng())));
     retry_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
         if (ec || !*alive || stopped_) return;
         net::post(connector_, [this, alive, dsn = dsn_] {
