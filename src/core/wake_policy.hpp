@@ -160,12 +160,17 @@ private:
     actions stream_claim(time now);
     void start_check(actions& a);
     void check_soon(actions& a, time now);
-    // wal: commits the stream showed that were not visible yet, by xid
-    std::vector<std::string> unseen_;
+    // wal: commits the stream showed that were not visible yet, by xid,
+    // each with when the stream showed it (the give-up is per commit: under
+    // a steady stream the list never empties)
+    struct unseen_commit {
+        std::string xid;
+        time since;
+    };
+    std::vector<unseen_commit> unseen_;
     std::string checking_;               // what the running check asked about
     bool check_running_ = false;
     std::optional<time> recheck_at_;
-    std::optional<time> unseen_since_;
     [[nodiscard]] bool fast_inflow() const noexcept;
 };
 
