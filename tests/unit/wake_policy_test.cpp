@@ -303,3 +303,35 @@ TEST_CASE("wake policy: wal mode gives up on a commit that stays invisible, and 
     CHECK(w.visible("", t0 + 101ms).claim);
     CHECK_FALSE(w.next_timer());
 }
+
+TEST_CASE("wake policy: wal mode at stream up reads the transactions in progress are read and watched, as after a LISTEN") {
+    // A transaction whose commit record lies just behind the new slot's start
+    // point is not streamed, and may not be visible yet at the claim at
+    // stream up (synchronous replication): it is still in progress then, so
+    // it is watched and claimed from the start when it ends.
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.watch_interval = 10ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    auto a = w.stream_up(t0 + 1ms);
+    CHECK(a.claim);
+    CHECK(a.read_in_progress);
+    CHECK_FALSE(a.declare);  // nothing to declare: no trigger reads it in this mode
+    a = w.declared_idle("900,901", t0 + 2ms);
+    CHECK(a.claim_from_start);
+    CHECK(w.in_progress() == "900,901");
+    CHECK(*w.next_timer() == t0 + 12ms);
+    CHECK(w.timer(t0 + 12ms).watch);
+    CHECK(w.watched("901", t0 + 13ms).claim_from_start);  // 900 ended
+    CHECK(w.timer(t0 + 23ms).watch);
+    CHECK(w.watched("", t0 + 24ms).claim_from_start);
+    CHECK_FALSE(w.next_timer());
+    // The read failed: a claim from the start now, nothing watched.
+    (void)w.stream_down(t0 + 30ms);
+    (void)w.stream_up(t0 + 40ms);
+    a = w.declared(false, t0 + 41ms);
+    CHECK(a.claim_from_start);
+    CHECK_FALSE(w.busy());
+    CHECK_FALSE(w.timer(t0 + 41ms + s.idle_after).claim);  // not busy: no busy claim either
+}
