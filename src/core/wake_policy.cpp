@@ -189,6 +189,13 @@ wake_policy::actions wake_policy::stream_up(time now) {
     polling_ = false;
     poll_at_.reset();
     a.claim = true;  // what committed before the slot existed is not in the stream
+    // A commit just behind the slot's start point is not in the stream either,
+    // and may not be visible to that claim yet (synchronous replication): its
+    // transaction is still in progress, so what is in progress is watched.
+    state_ = state::settling;
+    watch_at_.reset();
+    watching_.clear();
+    a.read_in_progress = true;
     (void)now;
     return a;
 }
@@ -288,6 +295,12 @@ wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) 
 wake_policy::actions wake_policy::declared(bool ok, time now) {
     actions a;
     if (ok || state_ != state::settling) return a;
+    if (streams_wal()) {
+        // The read at stream up failed: nothing to watch; claim everything once more.
+        state_ = state::idle;
+        a.claim_from_start = true;
+        return a;
+    }
     // Producers may still think we are busy: stay busy, try again later.
     state_ = state::busy;
     declared_idle_ = false;

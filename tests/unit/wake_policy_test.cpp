@@ -304,7 +304,7 @@ TEST_CASE("wake policy: wal mode gives up on a commit that stays invisible, and 
     CHECK_FALSE(w.next_timer());
 }
 
-TEST_CASE("wake policy: wal mode at stream up reads the transactions in progress are read and watched, as after a LISTEN") {
+TEST_CASE("wake policy: wal mode at stream up reads the transactions in progress and watches them, as after a LISTEN") {
     // A transaction whose commit record lies just behind the new slot's start
     // point is not streamed, and may not be visible yet at the claim at
     // stream up (synchronous replication): it is still in progress then, so
