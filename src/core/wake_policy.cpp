@@ -89,7 +89,7 @@ bool contains(const std::vector<std::string>& v, const std::string& x) {
 
 void wake_policy::start_check(actions& a) {
     checking_.clear();
-    for (const auto& x : unseen_) checking_ += (checking_.empty() ? "" : ",") + x;
+    for (const auto& u : unseen_) checking_ += (checking_.empty() ? "" : ",") + u.xid;
     check_running_ = true;
     recheck_at_.reset();
     a.check_visible = true;
@@ -114,10 +114,11 @@ wake_policy::actions wake_policy::committed(const std::string& xids, time now) {
         return a;
     }
     for (auto& x : split_xids(xids)) {
-        if (!contains(unseen_, x)) unseen_.push_back(std::move(x));
+        const bool known =
+            std::any_of(unseen_.begin(), unseen_.end(), [&](const unseen_commit& u) { return u.xid == x; });
+        if (!known) unseen_.push_back({std::move(x), now});
     }
     if (unseen_.empty()) return a;
-    if (!unseen_since_) unseen_since_ = now;
     check_soon(a, now);
     return a;
 }
@@ -128,36 +129,37 @@ wake_policy::actions wake_policy::visible(const std::string& remaining, time now
     const auto still = split_xids(remaining);
     const auto asked = split_xids(checking_);
     bool became_visible = false;
-    std::vector<std::string> next;
+    std::vector<unseen_commit> next;
+    std::string given_up;
     bool arrived_meanwhile = false;
-    for (auto& x : unseen_) {
-        const bool was_asked = contains(asked, x);
-        if (was_asked && !contains(still, x)) {
+    std::optional<time> oldest;
+    for (auto& u : unseen_) {
+        const bool was_asked = contains(asked, u.xid);
+        if (was_asked && !contains(still, u.xid)) {
             became_visible = true;
             continue;
         }
+        if (was_asked && now - u.since >= s_.visibility_give_up) {
+            given_up += (given_up.empty() ? "" : ",") + u.xid;
+            continue;
+        }
         arrived_meanwhile = arrived_meanwhile || !was_asked;
-        next.push_back(std::move(x));
+        if (!oldest || u.since < *oldest) oldest = u.since;
+        next.push_back(std::move(u));
     }
     unseen_ = std::move(next);
     if (became_visible) a = stream_claim(now);
-    if (unseen_.empty()) {
-        unseen_since_.reset();
-        return a;
-    }
-    if (unseen_since_ && now - *unseen_since_ >= s_.visibility_give_up) {
+    if (!given_up.empty()) {
         // Should never happen: the claims that polling and the sweep make find them.
         log::warn("commits shown by the WAL stream are still not visible; no longer waiting for them",
-                  {{"xids", remaining}});
-        unseen_.clear();
-        unseen_since_.reset();
+                  {{"xids", given_up}});
         a.claim = true;
-        return a;
     }
+    if (unseen_.empty()) return a;
     if (arrived_meanwhile) {
         check_soon(a, now);
     } else {
-        const bool slow = unseen_since_ && now - *unseen_since_ >= s_.watch_slow_after;
+        const bool slow = oldest && now - *oldest >= s_.watch_slow_after;
         recheck_at_ = slow ? now + s_.watch_slow_interval : now + s_.visibility_recheck;
     }
     return a;
@@ -187,6 +189,13 @@ wake_policy::actions wake_policy::stream_up(time now) {
     polling_ = false;
     poll_at_.reset();
     a.claim = true;  // what committed before the slot existed is not in the stream
+    // A commit just behind the slot's start point is not in the stream either,
+    // and may not be visible to that claim yet (synchronous replication): its
+    // transaction is still in progress, so what is in progress is watched.
+    state_ = state::settling;
+    watch_at_.reset();
+    watching_.clear();
+    a.read_in_progress = true;
     (void)now;
     return a;
 }
@@ -200,7 +209,6 @@ wake_policy::actions wake_policy::stream_down(time now) {
     stream_claim_at_.reset();
     // Polling claims find them, and the claim when the stream is back.
     unseen_.clear();
-    unseen_since_.reset();
     recheck_at_.reset();
     a.claim = true;  // a commit may have been on its way in the lost stream
     return a;
@@ -287,6 +295,12 @@ wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) 
 wake_policy::actions wake_policy::declared(bool ok, time now) {
     actions a;
     if (ok || state_ != state::settling) return a;
+    if (streams_wal()) {
+        // The read at stream up failed: nothing to watch; claim everything once more.
+        state_ = state::idle;
+        a.claim_from_start = true;
+        return a;
+    }
     // Producers may still think we are busy: stay busy, try again later.
     state_ = state::busy;
     declared_idle_ = false;

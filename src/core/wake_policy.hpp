@@ -16,7 +16,10 @@
 //           stream (src/pg/wal_listener) reports each commit that inserted
 //           into the outbox. Claims every poll_interval while the stream is
 //           down (startup included); a claim when it comes (back) up, since
-//           what committed before its slot existed is not in the stream.
+//           what committed before its slot existed is not in the stream; and
+//           then, as after a LISTEN, the transactions in progress are read
+//           and watched (a commit just behind the slot's start point may not
+//           be visible to that claim yet).
 //           While events come in faster than busy_rate, the commits reported
 //           within stream_gap of the last claim they caused share one claim
 //           at its end: under load, claims of many events each instead of
@@ -108,7 +111,7 @@ public:
     actions started(time now);                 // after the first drain began
     actions listening(time now);               // LISTEN is (again) active
     actions notified(time now);                // a notification (or a WAL commit) arrived
-    actions stream_up(time now);               // wal: the replication stream runs (again)
+    actions stream_up(time now);               // wal: the replication stream runs (again); reads what is in progress
     actions stream_down(time now);             // wal: the replication stream is lost
     actions committed(const std::string& xids, time now);  // wal: the stream showed these commits
     actions visible(const std::string& remaining, time now);  // wal: what not_yet_visible() answered
@@ -160,12 +163,17 @@ private:
     actions stream_claim(time now);
     void start_check(actions& a);
     void check_soon(actions& a, time now);
-    // wal: commits the stream showed that were not visible yet, by xid
-    std::vector<std::string> unseen_;
+    // wal: commits the stream showed that were not visible yet, by xid,
+    // each with when the stream showed it (the give-up is per commit: under
+    // a steady stream the list never empties)
+    struct unseen_commit {
+        std::string xid;
+        time since;
+    };
+    std::vector<unseen_commit> unseen_;
     std::string checking_;               // what the running check asked about
     bool check_running_ = false;
     std::optional<time> recheck_at_;
-    std::optional<time> unseen_since_;
     [[nodiscard]] bool fast_inflow() const noexcept;
 };
 

@@ -551,7 +551,19 @@ DELETE FROM :"schema".relay_wake WHERE owner = $1;
 -- Every transaction in progress now, by xid. Run right after the relay
 -- declared itself idle: a producer that read "busy" before that commit is
 -- either committed (the next claim sees its event) or among these.
-SELECT coalesce(string_agg(x::text, ','), '') AS xids FROM pg_snapshot_xip(pg_current_snapshot()) AS x;
+-- A snapshot lists only ids below its xmax (the last completed id plus one):
+-- those at or past it come from the lock each transaction holds on its own
+-- id (32 bits there, widened against xmax).
+WITH snap AS (SELECT pg_current_snapshot() AS s),
+     top AS (SELECT pg_snapshot_xmax(s)::text::bigint AS xmax FROM snap),
+     ahead AS (SELECT top.xmax, ((l.transactionid::text::bigint - top.xmax) % 4294967296 + 4294967296)
+                                % 4294967296 AS d
+               FROM pg_locks l, top
+               WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted)
+SELECT coalesce(string_agg(x::text, ',' ORDER BY x), '') AS xids
+FROM (SELECT x::text::bigint AS x FROM snap, pg_snapshot_xip(snap.s) AS x
+      UNION
+      SELECT xmax + d FROM ahead WHERE d < 2147483648) AS running;
 
 -- name: still_in_progress
 -- params: xids

@@ -259,3 +259,79 @@ TEST_CASE("wake policy: wal mode under load checks and claims once per stream_ga
     CHECK(w.unseen() == "2,3");
     CHECK(w.visible("", t0 + 24ms).claim);
 }
+
+TEST_CASE("wake policy: wal mode under a steady stream keeps checking each commit, however long the stream runs") {
+    // Commits keep coming, each while the check of the one before runs, so
+    // some commit is always waiting to be checked. No commit was ever
+    // invisible for long: none may be given up on (a commit given up on
+    // before it is visible is claimed by nobody until the sweep).
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.visibility_give_up = 100ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    REQUIRE(w.committed("1", t0).check_visible);
+    for (int i = 2; i <= 150; ++i) {
+        const auto now = t0 + std::chrono::milliseconds(i);
+        CHECK_FALSE(w.committed(std::to_string(i), now).check_visible);  // a check runs
+        const auto a = w.visible("", now);  // the one asked about is visible
+        CHECK(a.claim);
+        CHECK_MESSAGE(a.check_visible, "commit ", i, " is not checked");
+        CHECK(w.unseen() == std::to_string(i));
+    }
+}
+
+TEST_CASE("wake policy: wal mode gives up on a commit that stays invisible, and only on it") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.visibility_give_up = 100ms;
+    s.visibility_recheck = 1ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    REQUIRE(w.committed("7", t0).check_visible);
+    CHECK_FALSE(w.visible("7", t0 + 1ms).claim);
+    (void)w.timer(t0 + 2ms);
+    CHECK_FALSE(w.committed("8", t0 + 99ms).check_visible);  // a check runs
+    // 7 has been invisible for the whole give-up time: claimed anyway, not
+    // checked again; 8 just came and is still checked.
+    const auto a = w.visible("7", t0 + 100ms);
+    CHECK(a.claim);
+    CHECK(a.check_visible);
+    CHECK(w.unseen() == "8");
+    CHECK(w.visible("", t0 + 101ms).claim);
+    CHECK_FALSE(w.next_timer());
+}
+
+TEST_CASE("wake policy: wal mode at stream up reads the transactions in progress and watches them, as after a LISTEN") {
+    // A transaction whose commit record lies just behind the new slot's start
+    // point is not streamed, and may not be visible yet at the claim at
+    // stream up (synchronous replication): it is still in progress then, so
+    // it is watched and claimed from the start when it ends.
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.watch_interval = 10ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    auto a = w.stream_up(t0 + 1ms);
+    CHECK(a.claim);
+    CHECK(a.read_in_progress);
+    CHECK_FALSE(a.declare);  // nothing to declare: no trigger reads it in this mode
+    a = w.declared_idle("900,901", t0 + 2ms);
+    CHECK(a.claim_from_start);
+    CHECK(w.in_progress() == "900,901");
+    CHECK(*w.next_timer() == t0 + 12ms);
+    CHECK(w.timer(t0 + 12ms).watch);
+    CHECK(w.watched("901", t0 + 13ms).claim_from_start);  // 900 ended
+    CHECK(w.timer(t0 + 23ms).watch);
+    CHECK(w.watched("", t0 + 24ms).claim_from_start);
+    CHECK_FALSE(w.next_timer());
+    // The read failed: a claim from the start now, nothing watched.
+    (void)w.stream_down(t0 + 30ms);
+    (void)w.stream_up(t0 + 40ms);
+    a = w.declared(false, t0 + 41ms);
+    CHECK(a.claim_from_start);
+    CHECK_FALSE(w.busy());
+    CHECK_FALSE(w.timer(t0 + 41ms + s.idle_after).claim);  // not busy: no busy claim either
+}
