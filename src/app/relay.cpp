@@ -264,20 +264,21 @@ private:
         } else if (a.claim) {
             wake();
         }
-        if (a.declare) {
+        if (a.declare || a.read_in_progress) {
             // On the claim connection, in order with the claims: a producer
             // that read "busy" before this commit is in progress at the read
             // that follows, or committed before the claims that follow.
-            worker_.submit([this, idle = *a.declare, read = a.read_in_progress,
+            worker_.submit([this, declare = a.declare, read = a.read_in_progress,
                             valid = declaration_validity()](pg::store& store) {
                 std::string xids;
                 bool ok = true;
                 try {
-                    store.declare_wake(idle, valid);
+                    if (declare) store.declare_wake(*declare, valid);
                     if (read) xids = store.transactions_in_progress();
                 } catch (const std::exception& e) {
                     ok = false;
-                    log::warn("declaring the relay idle or busy failed",
+                    log::warn(declare ? "declaring the relay idle or busy failed"
+                                      : "reading the transactions in progress failed",
                               {{"error", scrub_secrets(e.what(), opts_.dsn)}});
                 }
                 net::post(ioc_, [this, ok, read, xids = std::move(xids)]() mutable {

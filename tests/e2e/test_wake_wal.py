@@ -316,8 +316,6 @@ def test_wake_setup_switches_between_trigger_and_publication_for_a_hostile_schem
     assert bad.rc == 2 and "expected auto, notify, poll or wal" in bad.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="needs relay.cpp apply() to run read_in_progress without a declaration "
-                   "(wake_policy asks for it at stream up; review of issue 13 item 3)")
 def test_a_commit_just_before_the_slot_that_is_not_visible_at_stream_up_is_claimed_once_it_is(
         outboxd, pg_cluster, make_schema, relay, receiver):
     """A transaction that begins while the slot is being built and commits
