@@ -92,6 +92,12 @@ send_result to_send_result(http::response_summary&& r) {
             r.elapsed};
 }
 
+// One timer per relay_timer (steady_timer has no default constructor).
+template <std::size_t... I>
+std::array<net::steady_timer, sizeof...(I)> timers_on(net::io_context& ioc, std::index_sequence<I...> /*unused*/) {
+    return {((void)I, net::steady_timer(ioc))...};
+}
+
 std::vector<std::string> configured_destination_names(const config& cfg) {
     std::vector<std::string> names;
     for (const auto& d : cfg.destinations) names.push_back(d.name);
@@ -146,9 +152,7 @@ public:
                         cfg().db_keepalive_timeout),
           signals_(ioc_, SIGINT, SIGTERM),
           hangup_(ioc_, SIGHUP),
-          timers_{net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
-                  net::steady_timer(ioc_), net::steady_timer(ioc_), net::steady_timer(ioc_),
-                  net::steady_timer(ioc_), net::steady_timer(ioc_)} {
+          timers_{timers_on(ioc_, std::make_index_sequence<relay_timer_count>{})} {
         engine_->observe(&telemetry_);
         sinks_ = make_sinks(cfg());
         if (cfg().db_transaction_pooling && cfg().live_leases) {

@@ -67,6 +67,10 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
             flush_backing_off_ = false;
             flush_outcomes();
             break;
+        case relay_timer::outcome_gather:
+            gathering_ = false;
+            flush_outcomes(true);
+            break;
         case relay_timer::circuit_probe:
             // Something must be due there to probe with, though all it owes
             // may wait out a backoff: the delivery due soonest is made due
@@ -797,8 +801,24 @@ void relay_engine::unroutable(const event& e) {
 
 // ---- recording outcomes ------------------------------------------------------
 
-void relay_engine::flush_outcomes() {
+bool relay_engine::write_outcomes_now() const {
+    const bool more_coming = sending_ > 0 || slow_in_flight_ > 0 || !ready_.empty();
+    return !more_coming || pending_.size() >= outcome_gather_size || pending_.unblocks_key || dispatch_.stopping();
+}
+
+void relay_engine::flush_outcomes(bool gathered) {
     if (writing_ || flush_backing_off_ || pending_.empty() || finishing_) return;
+    if (!gathered && !write_outcomes_now()) {
+        if (!gathering_) {
+            gathering_ = true;
+            arm(relay_timer::outcome_gather, clock_.steady() + outcome_gather_window);
+        }
+        return;
+    }
+    if (gathering_) {
+        gathering_ = false;
+        cancel(relay_timer::outcome_gather);
+    }
     // A bounded write: one that grew without bound (a writer fallen behind a
     // fast destination) could outlast the statement timeout and, failing,
     // outlive the leases it records (every event then sent again).

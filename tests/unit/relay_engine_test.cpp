@@ -126,6 +126,16 @@ struct harness {
         engine.sent(s.send_id, std::move(r));
         step();
     }
+    // Outcomes gathered while other deliveries were in flight: their window
+    // ends (the timer fires). What the engine says is added to `last`.
+    void gather_window_ends() {
+        const auto gather = armed(relay_timer::outcome_gather);
+        REQUIRE(gather);
+        clock.advance(outcome_gather_window);
+        engine.timer_fired(relay_timer::outcome_gather, gather->generation);
+        auto more = engine.take_commands();
+        last.insert(last.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    }
 
     config cfg;
     fake_clock clock;
@@ -160,17 +170,77 @@ TEST_CASE("relay engine: a wake claims the free slots, claimed events are sent, 
     CHECK(sends[0].deadline == h.clock.now + 30s - 1s);
     CHECK(h.engine.sending() == 2);
 
+    // Event 2 is still in flight: event 1's outcome waits for it (gathered).
     h.answer(sends[0], ok());
-    const auto write = h.one<write_outcomes_command>();
-    REQUIRE(write.batch->delivered.size() == 1);
-    CHECK(write.batch->delivered[0].id == 1);
-    // One write at a time: the second outcome waits for the first to be recorded.
-    h.answer(sends[1], ok());
     CHECK_FALSE(h.has<write_outcomes_command>());
-    CHECK(h.engine.pending_outcomes().delivered.size() == 1);
-    h.engine.outcomes_written(0);
-    h.step();
-    CHECK(h.one<write_outcomes_command>().batch->delivered[0].id == 2);
+    CHECK(h.armed(relay_timer::outcome_gather)->at == h.clock.now + outcome_gather_window);
+    h.answer(sends[1], ok());
+    const auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->delivered.size() == 2);
+    CHECK(write.batch->delivered[0].id == 1);
+    CHECK(write.batch->delivered[1].id == 2);
+    CHECK(h.all<cancel_timer_command>().size() == 1);  // the gather timer
+}
+
+TEST_CASE("relay engine: outcomes gather while others are in flight, up to a window, a size, a keyed one or a stop") {
+    SUBCASE("the window ends: what gathered is written, and the next gathers anew") {
+        harness h(one_destination(4));
+        h.start();
+        h.claim_returns({make_event(1), make_event(2), make_event(3)});
+        const auto sends = h.all<send_command>();
+        h.answer(sends[0], ok());
+        const auto gather = h.armed(relay_timer::outcome_gather);
+        REQUIRE(gather);
+        h.clock.advance(5ms);
+        h.answer(sends[1], ok());
+        CHECK_FALSE(h.has<write_outcomes_command>());
+        CHECK_FALSE(h.armed(relay_timer::outcome_gather));  // the first window still runs
+        h.clock.advance(5ms);
+        h.engine.timer_fired(relay_timer::outcome_gather, gather->generation);
+        h.step();
+        CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 2);
+        h.engine.outcomes_written(0);
+        h.step();
+        // Event 3 is the last in flight: its outcome goes at once.
+        h.answer(sends[2], ok());
+        CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);
+    }
+    SUBCASE("a keyed event's successor waits on its outcome: written at once") {
+        harness h(one_destination(4));
+        h.start();
+        h.claim_returns({make_event(1, "k"), make_event(2)});
+        const auto sends = h.all<send_command>();
+        h.answer(sends[0], ok());
+        CHECK(h.one<write_outcomes_command>().batch->unblocks_key);
+    }
+    SUBCASE("a stop writes at once what gathered") {
+        harness h(one_destination(4));
+        h.start();
+        h.claim_returns({make_event(1), make_event(2)});
+        const auto sends = h.all<send_command>();
+        h.answer(sends[0], ok());
+        CHECK_FALSE(h.has<write_outcomes_command>());
+        h.engine.signalled(15);
+        h.step();
+        CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);
+    }
+    SUBCASE("outcome_gather_size outcomes are written without waiting for the window") {
+        auto cfg = one_destination(outcome_gather_size + 1);
+        cfg.destinations = {destination("a", outcome_gather_size + 1)};
+        harness h(cfg);
+        h.start();
+        std::vector<event> events;
+        for (std::size_t i = 1; i <= outcome_gather_size + 1; ++i) events.push_back(make_event(static_cast<std::int64_t>(i)));
+        h.claim_returns(std::move(events));
+        const auto sends = h.all<send_command>();
+        REQUIRE(sends.size() == outcome_gather_size + 1);
+        for (std::size_t i = 0; i + 1 < outcome_gather_size; ++i) {
+            h.answer(sends[i], ok());
+            CHECK_FALSE(h.has<write_outcomes_command>());
+        }
+        h.answer(sends[outcome_gather_size - 1], ok());
+        CHECK(h.one<write_outcomes_command>().batch->delivered.size() == outcome_gather_size);
+    }
 }
 
 TEST_CASE("relay engine: claims ahead of the free slots only once deliveries are fast, never beyond the bound") {
@@ -277,12 +347,14 @@ TEST_CASE("relay engine: a claimed event whose lease would end before its attemp
     CHECK(h.engine.ready() == 0);
     CHECK(h.engine.sending() == 0);
     CHECK(h.engine.held() == 0);  // its slot is free again
-    CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);  // event 1
-    // Event 2 goes back to the outbox, due now, its claim's attempt taken back.
-    REQUIRE(h.engine.pending_outcomes().handed_back.size() == 1);
-    CHECK(h.engine.pending_outcomes().handed_back[0].ref.id == 2);
-    CHECK(h.engine.pending_outcomes().handed_back[0].ref.attempt == 1);
-    CHECK(h.engine.pending_outcomes().handed_back[0].delay == 0ms);
+    // Nothing else in flight: written at once, event 1 delivered and event 2
+    // back to the outbox, due now, its claim's attempt taken back.
+    const auto write = h.one<write_outcomes_command>();
+    CHECK(write.batch->delivered.size() == 1);
+    REQUIRE(write.batch->handed_back.size() == 1);
+    CHECK(write.batch->handed_back[0].ref.id == 2);
+    CHECK(write.batch->handed_back[0].ref.attempt == 1);
+    CHECK(write.batch->handed_back[0].delay == 0ms);
 }
 
 TEST_CASE("relay engine: a lane-waiting delivery that no longer fits in its lease fails without being sent") {
@@ -302,13 +374,14 @@ TEST_CASE("relay engine: a lane-waiting delivery that no longer fits in its leas
     CHECK_FALSE(h.has<send_command>());
     CHECK(h.engine.lane_waiting(0) == 0);
     // The freed connection goes to the waiting delivery first, which is
-    // handed back unsent (written first); then the answer is recorded.
+    // handed back unsent; the answer is recorded with it (nothing else is
+    // in flight: written at once).
     const auto write = h.one<write_outcomes_command>();
     REQUIRE(write.batch->deliveries_handed_back.size() == 1);
     CHECK(write.batch->deliveries_handed_back[0].ref.id == 2);
     CHECK(write.batch->deliveries.retries.empty());
-    REQUIRE(h.engine.pending_outcomes().deliveries.delivered.size() == 1);
-    CHECK(h.engine.pending_outcomes().deliveries.delivered[0].id == 1);
+    REQUIRE(write.batch->deliveries.delivered.size() == 1);
+    CHECK(write.batch->deliveries.delivered[0].id == 1);
     CHECK(h.engine.sending() == 0);
 }
 
@@ -354,6 +427,7 @@ TEST_CASE("relay engine: the shutdown timeout finishes with a request still in f
     const auto sends = h.all<send_command>();
     REQUIRE(sends.size() == 2);
     h.answer(sends[0], ok());  // being written when the signal comes
+    h.gather_window_ends();
     REQUIRE(h.has<write_outcomes_command>());
     h.engine.signalled(2);
     h.step();
@@ -386,6 +460,7 @@ TEST_CASE("relay engine: an outcome write that fails is written again after a ba
     h.claim_returns({make_event(1), make_event(2)});
     const auto sends = h.all<send_command>();
     h.answer(sends[0], ok());
+    h.gather_window_ends();
     REQUIRE(h.has<write_outcomes_command>());
     h.engine.outcomes_failed("connection lost");
     h.step();
@@ -422,6 +497,7 @@ TEST_CASE("relay engine: a keyed event recorded sends the next claim back to the
     const auto sends = h.all<send_command>();
     REQUIRE(sends.size() == 2);
     h.answer(sends[1], ok());  // unkeyed: its slot is free
+    h.gather_window_ends();
     REQUIRE(h.has<write_outcomes_command>());
     auto claims = h.all<claim_command>();
     REQUIRE(claims.size() == 1);
@@ -509,10 +585,12 @@ TEST_CASE("relay engine: after a failed claim the next one hands back every leas
     REQUIRE(retry);
     // Event 1 is recorded; 2 finished and is being written; 3 is in flight.
     h.answer(sends[0], ok());
+    h.gather_window_ends();
     REQUIRE(h.has<write_outcomes_command>());
     h.engine.outcomes_written(0);
     h.step();
     h.answer(sends[1], ok());
+    h.gather_window_ends();
     REQUIRE(h.has<write_outcomes_command>());
 
     h.clock.advance(std::chrono::duration_cast<milliseconds>(retry->at - h.clock.now));
@@ -866,6 +944,7 @@ TEST_CASE("relay engine: once: a retry that falls due while the run is busy is s
     const auto sends = h.all<send_command>();
     REQUIRE(sends.size() == 2);
     h.answer(sends[0], server_error());  // event 1 retries
+    h.gather_window_ends();
     const auto write = h.one<write_outcomes_command>();
     REQUIRE(write.batch->fan_outs.size() == 1);
     REQUIRE(write.batch->fan_outs[0].owed.size() == 1);
