@@ -144,6 +144,7 @@ write_settings() {
     echo "max_connections = 200          # e2e tests run many relays and clients at once"
     echo "wal_level = $wal_level            # logical: relay.wake = \"wal\" streams from a replication slot"
     echo "log_line_prefix = '%m [%p] %q%a '"
+    echo "max_prepared_transactions = 10  # pg tests: a prepared transaction inside a commit-ordered window"
     if ((fast)); then
       echo "# --fast: throwaway test cluster, durability off"
       echo "fsync = off"

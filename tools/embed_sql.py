@@ -159,7 +159,8 @@ def column_name(item):
 def result_columns(query, statement):
     """The names of the statement's result columns ([] if it returns none)."""
     flat = flatten(statement)
-    flat = re.sub(r"^WITH\s+(?:[a-z_][a-z0-9_]*\s+AS\s+\(\)\s*,?\s*)+", "", flat, flags=re.IGNORECASE)
+    flat = re.sub(r"^WITH\s+(?:[a-z_][a-z0-9_]*\s+AS\s+(?:(?:NOT\s+)?MATERIALIZED\s+)?\(\)\s*,?\s*)+", "", flat,
+                  flags=re.IGNORECASE)
     if re.match(r"^SELECT\b", flat, re.IGNORECASE):
         branches = split_top(flat, r"\bUNION(?:\s+ALL)?\b")
         lists = []

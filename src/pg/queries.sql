@@ -1049,3 +1049,118 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
            (SELECT min(available_at) FROM :"schema".deliveries WHERE available_at <= now()))), 0)::float8
            AS oldest_pending_seconds,
        (SELECT coalesce(max(version), 0) FROM :"schema".schema_migrations) AS schema_version;
+
+-- ---- Commit-ordered windows (sql/0009; not used by the relay yet) --------
+-- docs/commit-ordered-windows.md. A window is "committed after snapshot A
+-- and visible in snapshot B"; the relay keeps its cursor (A, B, done_below)
+-- in memory and writes it to `cursors` only as a fenced checkpoint.
+
+-- name: read_window
+-- params: snap_a, snap_b, done_below, slots, max_events
+-- The window's events in id order: at most max_events of them, from id
+-- done_below on (a resumed window; the next chunk of a large one passes its
+-- last id + 1, with the same A and B). snap_b NULL: B is this statement's
+-- own snapshot (pg_current_snapshot() is the active snapshot, so every row
+-- it selects is one it can see); a B given is older than the statement, and
+-- so also sees nothing the statement cannot. slots NULL: every slot.
+-- Always one row, the events as parallel arrays (ids empty: an empty
+-- window, whose B still moves A), with B, both xmaxes (to detect an xid
+-- regression) and the statement's now() (to judge available_at in the
+-- database's time).
+-- Membership as PgQ computes it, without ever bounding a scan by xmin(A),
+-- which a long transaction pins: transactions that began between the
+-- snapshots (txid from xmax(A) to xmax(B), a range of events_txid_idx) that
+-- B sees finished, plus those A saw running (xip(A), equality probes) that
+-- B sees finished. Aborted ones pass pg_visible_in_snapshot, but their rows
+-- are invisible to the statement. The window is materialized before the
+-- ORDER BY ... LIMIT, so the planner cannot walk the primary key in id order
+-- instead, through every event that is not in the window.
+WITH s AS MATERIALIZED (
+    SELECT $1::pg_snapshot AS a, coalesce($2::pg_snapshot, pg_current_snapshot()) AS b
+), w AS MATERIALIZED (
+    SELECT e.id, e.ordering_key, e.available_at
+    FROM s, :"schema".events e
+    WHERE e.txid >= pg_snapshot_xmax(s.a) AND e.txid < pg_snapshot_xmax(s.b)
+      AND pg_visible_in_snapshot(e.txid, s.b)
+      AND e.id >= $3::bigint
+    UNION ALL
+    SELECT e.id, e.ordering_key, e.available_at
+    FROM s, pg_snapshot_xip(s.a) AS x(txid)
+    JOIN :"schema".events e ON e.txid = x.txid
+    WHERE pg_visible_in_snapshot(x.txid, s.b)
+      AND e.id >= $3::bigint
+), page AS (
+    SELECT w.id, w.ordering_key, :"schema".event_slot(w.ordering_key, w.id) AS slot, w.available_at
+    FROM w
+    WHERE $4::int[] IS NULL OR :"schema".event_slot(w.ordering_key, w.id) = ANY ($4::int[])
+    ORDER BY w.id
+    LIMIT $5::bigint
+)
+SELECT s.b::text AS snap_b,
+       pg_snapshot_xmax(s.a)::text AS a_xmax,
+       pg_snapshot_xmax(s.b)::text AS b_xmax,
+       (extract(epoch FROM now()) * 1000000)::bigint AS now_us,
+       coalesce((SELECT array_agg(id ORDER BY id) FROM page), '{}') AS ids,
+       coalesce((SELECT array_agg(ordering_key ORDER BY id) FROM page), '{}') AS ordering_keys,
+       coalesce((SELECT array_agg(slot ORDER BY id) FROM page), '{}') AS slots,
+       coalesce((SELECT array_agg((extract(epoch FROM available_at) * 1000000)::bigint ORDER BY id) FROM page),
+                '{}') AS available_at_us
+FROM s;
+
+-- name: fetch_events
+-- params: ids
+-- A page of a window's events, by id (a few hundred ids, ascending).
+SELECT e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers,
+       (extract(epoch FROM e.created_at) * 1000000)::bigint AS created_at_us
+FROM :"schema".events e
+WHERE e.id = ANY ($1::bigint[])
+ORDER BY e.id;
+
+-- name: take_cursor
+-- params: destination, slot, owner
+-- Takes the cursor of (destination, slot) for `owner` (a relay registered in
+-- `relays`, holding its session lock: sql/0006), epoch + 1, and returns
+-- where it stands. A missing cursor is created at this statement's snapshot
+-- (events committed before it are not this destination's). An existing one
+-- is taken when nobody owns it, when we do (our session was replaced), when
+-- its owner is not a registered relay, or when that relay's session lock is
+-- free: its session is gone. The lock is then held until this statement's
+-- transaction ends, so that relay cannot register again in between
+-- (register_relay only tries it). A live relay's lock is only tried, never
+-- waited for. No row: the cursor belongs to a live relay.
+INSERT INTO :"schema".cursors AS c (destination, slot, snap_a, owner, epoch, system_identifier)
+VALUES ($1, $2, pg_current_snapshot(), $3, 1, (SELECT system_identifier FROM pg_control_system()))
+ON CONFLICT (destination, slot) DO UPDATE
+SET owner = excluded.owner, epoch = c.epoch + 1
+WHERE c.owner IS NULL OR c.owner = excluded.owner
+   OR NOT EXISTS (SELECT 1 FROM :"schema".relays r WHERE r.lease_owner = c.owner)
+   OR (SELECT pg_try_advisory_xact_lock(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
+RETURNING c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_below, c.epoch,
+          c.system_identifier;
+
+-- name: checkpoint_cursor
+-- params: destination, slot, owner, epoch, snap_a, snap_b, done_below
+-- The owner's position, fenced: no row when the cursor was taken from us
+-- (then we must send nothing more from that slot).
+UPDATE :"schema".cursors
+SET snap_a = $5::pg_snapshot, snap_b = $6::pg_snapshot, done_below = $7, checkpointed_at = now()
+WHERE destination = $1 AND slot = $2 AND owner = $3 AND epoch = $4
+RETURNING epoch;
+
+-- name: release_cursor
+-- params: destination, slot, owner, epoch
+-- Hands the cursor back (after a last checkpoint); any relay may take it.
+UPDATE :"schema".cursors
+SET owner = NULL
+WHERE destination = $1 AND slot = $2 AND owner = $3 AND epoch = $4
+RETURNING epoch;
+
+-- name: window_safety
+-- What decides whether windows may be read here (core/window_safety.hpp):
+-- never on a standby (its snapshots order commits differently from the
+-- primary's); the next xid to be assigned, read from a snapshot since
+-- pg_current_xact_id() would assign one (and cannot on a standby); and the
+-- cluster's identity.
+SELECT pg_is_in_recovery() AS in_recovery,
+       pg_snapshot_xmax(pg_current_snapshot())::text AS next_xid,
+       (SELECT system_identifier FROM pg_control_system()) AS system_identifier;

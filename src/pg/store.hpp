@@ -21,6 +21,7 @@
 
 #include "core/event.hpp"
 #include "core/outbox_rows.hpp"
+#include "core/window_safety.hpp"
 #include "pg/named_queries.hpp"
 #include "pg/session.hpp"
 
@@ -206,6 +207,57 @@ public:
     // Of `xids` (32-bit, comma-separated; commits the WAL stream showed),
     // those a new snapshot does not see committed yet.
     [[nodiscard]] std::string not_yet_visible(const std::string& xids);
+
+    // Commit-ordered windows (store_windows.cpp, sql/0009; docs/
+    // commit-ordered-windows.md). Not used by the relay yet. Unprepared.
+    struct window_event {
+        std::int64_t id = 0;
+        std::optional<std::string> ordering_key;
+        int slot = 0;
+        std::int64_t available_at_us = 0;  // microseconds since the epoch
+    };
+    struct window_read {
+        std::string snap_b;        // the window's end: pass it to the next chunk, then it becomes A
+        std::uint64_t a_xmax = 0;  // for core/window_safety.hpp
+        std::uint64_t b_xmax = 0;
+        std::int64_t now_us = 0;         // the statement's now(), to judge available_at by
+        std::vector<window_event> events;  // id order; max_events of them: there may be more
+    };
+    // The events committed after snap_a and visible in snap_b (nullopt: a
+    // snapshot taken now), ids from done_below on, of `slots` (nullopt: all),
+    // at most max_events. The next chunk of a window: the same A and B,
+    // done_below = last id + 1.
+    [[nodiscard]] window_read read_window(const std::string& snap_a, const std::optional<std::string>& snap_b,
+                                          std::int64_t done_below, const std::optional<std::vector<int>>& slots,
+                                          std::size_t max_events);
+    struct window_event_body {
+        std::int64_t id = 0;
+        std::string topic;
+        std::optional<std::string> ordering_key;
+        std::string payload;  // JSON text
+        std::string headers;  // JSON object text
+        std::int64_t created_at_us = 0;
+    };
+    // The events of a page of a window, in id order (ids gone are left out).
+    [[nodiscard]] std::vector<window_event_body> fetch_events(std::span<const std::int64_t> ids);
+    struct cursor_lease {
+        std::string snap_a;
+        std::optional<std::string> snap_b;
+        std::int64_t done_below = 0;
+        std::int64_t epoch = 0;  // fences every checkpoint
+        std::int64_t system_identifier = 0;
+    };
+    // Takes the cursor of (destination, slot) for our lease owner (see
+    // take_cursor in queries.sql; call bind_leases_to_session() first):
+    // nullopt while a live relay owns it.
+    [[nodiscard]] std::optional<cursor_lease> take_cursor(const std::string& destination, int slot);
+    // Both false when the cursor is no longer ours at that epoch (nothing written).
+    [[nodiscard]] bool checkpoint_cursor(const std::string& destination, int slot, std::int64_t epoch,
+                                         const std::string& snap_a, const std::optional<std::string>& snap_b,
+                                         std::int64_t done_below);
+    [[nodiscard]] bool release_cursor(const std::string& destination, int slot, std::int64_t epoch);
+    // The server's side of core/window_safety.hpp.
+    [[nodiscard]] server_position window_safety();
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
     // Before the first connection: the session goes through a transaction

@@ -35,6 +35,15 @@ RETURNING id, available_at::text, now() - created_at AS age;
     assert "T0 id;  // $1" in header
 
 
+def test_the_columns_of_a_statement_with_materialized_ctes_are_its_final_selects(tmp_path):
+    rc, err, header = embed(tmp_path, """-- name: window
+WITH s AS MATERIALIZED (SELECT 1 AS a), w AS NOT MATERIALIZED (SELECT 2 AS b), p AS (SELECT 3 AS c)
+SELECT s.a, w.b AS bee FROM s, w, p;
+""")
+    assert rc == 0, err
+    assert "enum class col : int { a, bee };" in header
+
+
 def test_a_variant_is_a_statement_of_its_own_with_its_extra_parameters(tmp_path):
     rc, err, header = embed(tmp_path, """-- name: claim
 -- params: owner

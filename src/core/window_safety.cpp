@@ -1,0 +1,47 @@
+#include "core/window_safety.hpp"
+
+#include <charconv>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace outboxd {
+
+window_verdict check_window(const cursor_origin& cursor, const server_position& server) noexcept {
+    if (server.in_recovery) return window_verdict::standby;
+    if (cursor.system_identifier != server.system_identifier) return window_verdict::other_cluster;
+    if (server.next_xid < cursor.xmax) return window_verdict::xid_regression;
+    return window_verdict::fine;
+}
+
+std::string describe(window_verdict verdict, const cursor_origin& cursor, const server_position& server) {
+    switch (verdict) {
+        case window_verdict::fine:
+            return "";
+        case window_verdict::standby:
+            return "the server is a standby (in recovery): windows are read on the primary only";
+        case window_verdict::other_cluster:
+            return fmt::format("the cursor was taken on cluster {}, this server is cluster {}: refusing to read "
+                               "(`outboxd cursor reset` after checking)",
+                               cursor.system_identifier, server.system_identifier);
+        case window_verdict::xid_regression:
+            return fmt::format("xid regression: the server's next transaction id {} is below the cursor's {} "
+                               "(a restore or PITR?): refusing to read (`outboxd cursor reset` after checking)",
+                               server.next_xid, cursor.xmax);
+    }
+    return "";
+}
+
+std::uint64_t snapshot_xmax(const std::string& snapshot) {
+    const auto first = snapshot.find(':');
+    const auto second = first == std::string::npos ? std::string::npos : snapshot.find(':', first + 1);
+    if (second == std::string::npos) throw std::invalid_argument("not a pg_snapshot: " + snapshot);
+    std::uint64_t xmax = 0;
+    const char* begin = snapshot.data() + first + 1;
+    const char* end = snapshot.data() + second;
+    const auto [ptr, ec] = std::from_chars(begin, end, xmax);
+    if (ec != std::errc() || ptr != end || begin == end) throw std::invalid_argument("not a pg_snapshot: " + snapshot);
+    return xmax;
+}
+
+}  // namespace outboxd

@@ -1,0 +1,52 @@
+#pragma once
+// Whether a commit-ordered window may be read against this server
+// (docs/commit-ordered-windows.md, "Safety checks"). Pure: the store reads
+// the server's side (window_safety in queries.sql) and the cursor's.
+//
+// A cursor's snapshots are only meaningful on the primary of the cluster
+// that took them, with its xid counter at or past them. Against a standby,
+// a different cluster (a restore into a new one), or a server whose counter
+// is behind the cursor (a dump restored, a PITR to before the cursor's
+// checkpoint), new events could look already seen and be skipped: the
+// relay must stop reading and say so, never carry on.
+
+#include <cstdint>
+#include <string>
+
+namespace outboxd {
+
+// What a cursor recorded: the highest xmax of its snapshots (A, or B while
+// inside a window) and the cluster it was taken on.
+struct cursor_origin {
+    std::uint64_t xmax = 0;
+    std::int64_t system_identifier = 0;
+};
+
+// The server now.
+struct server_position {
+    bool in_recovery = false;
+    std::uint64_t next_xid = 0;  // xmax of a snapshot taken now
+    std::int64_t system_identifier = 0;
+};
+
+enum class window_verdict {
+    fine,
+    standby,         // the server is in recovery: never take snapshots there
+    other_cluster,   // the cursor was taken on another cluster
+    xid_regression,  // the server's next xid is below the cursor's xmax
+};
+
+// Checks in that order: a standby first (nothing it says can be trusted for
+// this), then the cluster's identity, then the counter. An xmax equal to the
+// server's next xid is fine: no transaction has started since.
+[[nodiscard]] window_verdict check_window(const cursor_origin& cursor, const server_position& server) noexcept;
+
+// One line for the operator naming both sides' values ("" when fine).
+[[nodiscard]] std::string describe(window_verdict verdict, const cursor_origin& cursor,
+                                   const server_position& server);
+
+// The xmax of a pg_snapshot's text form ("xmin:xmax:xip,..."). Throws
+// std::invalid_argument on anything else.
+[[nodiscard]] std::uint64_t snapshot_xmax(const std::string& snapshot);
+
+}  // namespace outboxd

@@ -1,0 +1,162 @@
+// Commit-ordered windows (sql/0009, docs/commit-ordered-windows.md): reading
+// a window, fetching its events, and the fenced cursor. Unprepared for now:
+// the relay that will run them decides which ones its session prepares.
+#include <charconv>
+#include <stdexcept>
+
+#include <pqxx/pqxx>
+
+#include "pg/params.hpp"
+#include "pg/sql_arrays.hpp"
+#include "pg/store.hpp"
+#include "pg/typed_query.hpp"
+
+namespace outboxd::pg {
+namespace {
+
+template <typename Number>
+Number parse_number(const std::string& text) {
+    Number n{};
+    const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (ec != std::errc() || ptr != text.data() + text.size()) {
+        throw std::runtime_error("not a number in a window read: " + text);
+    }
+    return n;
+}
+
+// The elements of a one-dimensional array field, nullopt for NULL.
+template <typename Each>
+void for_each_element(const pqxx::field& f, Each each) {
+    auto parser = f.as_array();
+    for (auto [kind, value] = parser.get_next(); kind != pqxx::array_parser::done; std::tie(kind, value) = parser.get_next()) {
+        if (kind == pqxx::array_parser::string_value) {
+            each(std::optional<std::string>(std::move(value)));
+        } else if (kind == pqxx::array_parser::null_value) {
+            each(std::optional<std::string>());
+        }
+    }
+}
+
+}  // namespace
+
+store::window_read store::read_window(const std::string& snap_a, const std::optional<std::string>& snap_b,
+                                      std::int64_t done_below, const std::optional<std::vector<int>>& slots,
+                                      std::size_t max_events) {
+    const std::optional<std::string> slot_list =
+        slots ? std::optional<std::string>(number_array(*slots, [](int s) { return s; })) : std::nullopt;
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        using col = q::read_window::col;
+        const auto row = exec_params(tx, queries_,
+                                     q::read_window::args{.snap_a = snap_a,
+                                                          .snap_b = nullable(snap_b),
+                                                          .done_below = done_below,
+                                                          .slots = nullable(slot_list),
+                                                          .max_events = static_cast<long long>(max_events)})
+                             .one();
+        window_read out;
+        out.snap_b = row[col::snap_b].as<std::string>();
+        out.a_xmax = parse_number<std::uint64_t>(row[col::a_xmax].as<std::string>());
+        out.b_xmax = parse_number<std::uint64_t>(row[col::b_xmax].as<std::string>());
+        out.now_us = row[col::now_us].as<std::int64_t>();
+        for_each_element(row[col::ids], [&](std::optional<std::string> v) {
+            out.events.push_back({.id = parse_number<std::int64_t>(v.value()), .ordering_key = std::nullopt, .slot = 0, .available_at_us = 0});
+        });
+        std::size_t i = 0;
+        const auto next = [&](const char* what) -> window_event& {
+            if (i >= out.events.size()) throw std::runtime_error(std::string("read_window: more ") + what + " than ids");
+            return out.events[i++];
+        };
+        for_each_element(row[col::ordering_keys], [&](std::optional<std::string> v) {
+            next("ordering keys").ordering_key = std::move(v);
+        });
+        i = 0;
+        for_each_element(row[col::slots], [&](std::optional<std::string> v) {
+            next("slots").slot = parse_number<int>(v.value());
+        });
+        i = 0;
+        for_each_element(row[col::available_at_us], [&](std::optional<std::string> v) {
+            next("available_at").available_at_us = parse_number<std::int64_t>(v.value());
+        });
+        return out;
+    });
+}
+
+std::vector<store::window_event_body> store::fetch_events(std::span<const std::int64_t> ids) {
+    if (ids.empty()) return {};
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        using col = q::fetch_events::col;
+        std::vector<window_event_body> out;
+        out.reserve(ids.size());
+        const auto same = [](std::int64_t id) { return id; };
+        for (const auto& row : exec_params(tx, queries_, q::fetch_events::args{.ids = number_array(ids, same)})) {
+            out.push_back({.id = row[col::id].as<std::int64_t>(),
+                           .topic = row[col::topic].as<std::string>(),
+                           .ordering_key = row[col::ordering_key].is_null()
+                                               ? std::nullopt
+                                               : std::optional<std::string>(row[col::ordering_key].as<std::string>()),
+                           .payload = row[col::payload].as<std::string>(),
+                           .headers = row[col::headers].as<std::string>(),
+                           .created_at_us = row[col::created_at_us].as<std::int64_t>()});
+        }
+        return out;
+    });
+}
+
+std::optional<store::cursor_lease> store::take_cursor(const std::string& destination, int slot) {
+    return session_.run([&](pqxx::connection& c) -> std::optional<cursor_lease> {
+        pqxx::nontransaction tx(c);
+        using col = q::take_cursor::col;
+        const auto r = exec_params(tx, queries_,
+                                   q::take_cursor::args{.destination = destination, .slot = slot, .owner = owner_});
+        if (r.empty()) return std::nullopt;
+        const auto row = r.one();
+        return cursor_lease{.snap_a = row[col::snap_a].as<std::string>(),
+                            .snap_b = row[col::snap_b].is_null()
+                                          ? std::nullopt
+                                          : std::optional<std::string>(row[col::snap_b].as<std::string>()),
+                            .done_below = row[col::done_below].as<std::int64_t>(),
+                            .epoch = row[col::epoch].as<std::int64_t>(),
+                            .system_identifier = row[col::system_identifier].as<std::int64_t>()};
+    });
+}
+
+bool store::checkpoint_cursor(const std::string& destination, int slot, std::int64_t epoch, const std::string& snap_a,
+                              const std::optional<std::string>& snap_b, std::int64_t done_below) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return !exec_params(tx, queries_,
+                            q::checkpoint_cursor::args{.destination = destination,
+                                                       .slot = slot,
+                                                       .owner = owner_,
+                                                       .epoch = epoch,
+                                                       .snap_a = snap_a,
+                                                       .snap_b = nullable(snap_b),
+                                                       .done_below = done_below})
+                    .empty();
+    });
+}
+
+bool store::release_cursor(const std::string& destination, int slot, std::int64_t epoch) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return !exec_params(tx, queries_,
+                            q::release_cursor::args{
+                                .destination = destination, .slot = slot, .owner = owner_, .epoch = epoch})
+                    .empty();
+    });
+}
+
+server_position store::window_safety() {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        using col = q::window_safety::col;
+        const auto row = exec<q::window_safety>(tx, queries_).one();
+        return server_position{.in_recovery = row[col::in_recovery].as<bool>(),
+                               .next_xid = parse_number<std::uint64_t>(row[col::next_xid].as<std::string>()),
+                               .system_identifier = row[col::system_identifier].as<std::int64_t>()};
+    });
+}
+
+}  // namespace outboxd::pg
