@@ -38,9 +38,11 @@ using testing::installed;
 class session {
 public:
     explicit session(const installed& db) : c_(testing::connect()), schema_(db.schema.q()) {}
-    void exec(const std::string& sql) {
+    // The first column of the first row, if any.
+    std::string exec(const std::string& sql) {
         pqxx::nontransaction tx(*c_);
-        tx.exec(sql);
+        const auto r = tx.exec(sql);
+        return r.empty() || r.columns() == 0 ? std::string() : r[0][0].c_str();
     }
     std::int64_t enqueue(const std::string& key = "") {
         pqxx::nontransaction tx(*c_);
@@ -100,14 +102,17 @@ TEST_CASE("windows: consecutive windows read every committed event exactly once,
     } cleanup{db, gid};
 
     const auto e0 = before.enqueue();  // committed before A: never read
+    // Begins before A and commits after it. The first xid after e0's, so it
+    // is A's xmax: it is not in A's xip, and the window starts at it.
+    spanning.exec("BEGIN");
+    const auto e_spanning = spanning.enqueue();
     long_tx.exec("BEGIN");
     const auto e_long = long_tx.enqueue("long");  // open across four windows
-    spanning.exec("BEGIN");
-    const auto e_spanning = spanning.enqueue();  // begins before A, commits after it
     early_xid.exec("BEGIN");
     early_xid.exec("SELECT pg_current_xact_id()");  // its xid is taken before A, its event written after
 
     std::string a = snapshot_now(*db.admin);
+    CHECK(std::to_string(snapshot_xmax(a)) == spanning.exec("SELECT pg_current_xact_id()"));
 
     spanning.exec("COMMIT");
     const auto e_early_xid = early_xid.enqueue("k1");
