@@ -1063,7 +1063,8 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- own snapshot (pg_current_snapshot() is the active snapshot, so every row
 -- it selects is one it can see); a B given is older than the statement, and
 -- so also sees nothing the statement cannot. slots NULL: every slot.
--- Always one row, the events as parallel arrays (ids empty: an empty
+-- Always one row, the events as parallel arrays built in one pass over the
+-- sorted page, so in id order (the store checks it) (ids empty: an empty
 -- window, whose B still moves A), with B, both xmaxes (to detect an xid
 -- regression) and the statement's now() (to judge available_at in the
 -- database's time).
@@ -1090,22 +1091,25 @@ WITH s AS MATERIALIZED (
     WHERE pg_visible_in_snapshot(x.txid, s.b)
       AND e.id >= $3::bigint
 ), page AS (
-    SELECT w.id, w.ordering_key, :"schema".event_slot(w.ordering_key, w.id) AS slot, w.available_at
-    FROM w
-    WHERE $4::int[] IS NULL OR :"schema".event_slot(w.ordering_key, w.id) = ANY ($4::int[])
-    ORDER BY w.id
-    LIMIT $5::bigint
+    SELECT array_agg(p.id) AS ids, array_agg(p.ordering_key) AS ordering_keys, array_agg(p.slot) AS slots,
+           array_agg((extract(epoch FROM p.available_at) * 1000000)::bigint) AS available_at_us
+    FROM (
+        SELECT w.id, w.ordering_key, :"schema".event_slot(w.ordering_key, w.id) AS slot, w.available_at
+        FROM w
+        WHERE $4::int[] IS NULL OR :"schema".event_slot(w.ordering_key, w.id) = ANY ($4::int[])
+        ORDER BY w.id
+        LIMIT $5::bigint
+    ) AS p
 )
 SELECT s.b::text AS snap_b,
        pg_snapshot_xmax(s.a)::text AS a_xmax,
        pg_snapshot_xmax(s.b)::text AS b_xmax,
        (extract(epoch FROM now()) * 1000000)::bigint AS now_us,
-       coalesce((SELECT array_agg(id ORDER BY id) FROM page), '{}') AS ids,
-       coalesce((SELECT array_agg(ordering_key ORDER BY id) FROM page), '{}') AS ordering_keys,
-       coalesce((SELECT array_agg(slot ORDER BY id) FROM page), '{}') AS slots,
-       coalesce((SELECT array_agg((extract(epoch FROM available_at) * 1000000)::bigint ORDER BY id) FROM page),
-                '{}') AS available_at_us
-FROM s;
+       coalesce(page.ids, '{}') AS ids,
+       coalesce(page.ordering_keys, '{}') AS ordering_keys,
+       coalesce(page.slots, '{}') AS slots,
+       coalesce(page.available_at_us, '{}') AS available_at_us
+FROM s, page;
 
 -- name: fetch_events
 -- params: ids

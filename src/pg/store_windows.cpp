@@ -1,6 +1,7 @@
 // Commit-ordered windows (sql/0009, docs/commit-ordered-windows.md): reading
 // a window, fetching its events, and the fenced cursor. Unprepared for now:
 // the relay that will run them decides which ones its session prepares.
+#include <algorithm>
 #include <charconv>
 #include <stdexcept>
 
@@ -78,6 +79,12 @@ store::window_read store::read_window(const std::string& snap_a, const std::opti
         for_each_element(row[col::available_at_us], [&](std::optional<std::string> v) {
             next("available_at").available_at_us = parse_number<std::int64_t>(v.value());
         });
+        // The arrays are aggregated from the id-ordered page in one pass;
+        // SQL does not promise that order, so it is checked (and restored).
+        const auto by_id = [](const window_event& x, const window_event& y) { return x.id < y.id; };
+        if (!std::is_sorted(out.events.begin(), out.events.end(), by_id)) {
+            std::sort(out.events.begin(), out.events.end(), by_id);
+        }
         return out;
     });
 }
