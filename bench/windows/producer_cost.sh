@@ -16,11 +16,17 @@ install() {  # schema, migrations up to N
   for f in "$root"/sql/000[1-$2]_*.sql; do psql_ -v schema="$1" -1 -f "$f" >/dev/null 2>&1; done
 }
 
-run() {  # schema -> ms
+run() {  # schema -> "wall_ms cpu_ms" (cpu: the backend's own, from /proc/self/schedstat)
   psql_ -c "TRUNCATE $1.events, $1.idempotency_keys RESTART IDENTITY" -c "VACUUM ANALYZE $1.events" -c "CHECKPOINT"
-  psql_ -c '\timing on' -c "DO \$\$ BEGIN FOR i IN 1..20000 LOOP
-      PERFORM $1.enqueue('orders', jsonb_build_object('i', i), CASE WHEN i % 2 = 0 THEN 'k' || (i % 100) END);
-    END LOOP; END \$\$" | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p'
+  psql_ -At <<SQL | tr '\n' ' ' | sed -E 's/^Time: ([0-9.]+) ms[^ ]* *([0-9.]+).*/\1 \2/; s/.*Time: ([0-9.]+) ms.* ([0-9.]+) ?$/\1 \2/'
+SELECT split_part(pg_read_file('/proc/self/schedstat'), ' ', 1) AS before \gset
+\\timing on
+DO \$\$ BEGIN FOR i IN 1..20000 LOOP
+    PERFORM $1.enqueue('orders', jsonb_build_object('i', i), CASE WHEN i % 2 = 0 THEN 'k' || (i % 100) END);
+  END LOOP; END \$\$;
+\\timing off
+SELECT round((split_part(pg_read_file('/proc/self/schedstat'), ' ', 1)::bigint - :before) / 1e6, 1);
+SQL
 }
 
 median() { sort -n | sed -n "$(( (runs + 1) / 2 ))p"; }
@@ -36,9 +42,12 @@ psql_ -c "ALTER TABLE pctrg.events ADD COLUMN slot integer" \
   -c "CREATE TRIGGER events_slot BEFORE INSERT ON pctrg.events FOR EACH ROW EXECUTE FUNCTION pctrg.set_slot()"
 
 # Rounds interleave the variants, so drift on a shared machine hits them alike.
-declare -A times
+declare -A wall cpu
 for _ in $(seq "$runs"); do
-  for s in pc8 pc9 pcgen pctrg; do times[$s]+="$(run "$s") "; done
+  for s in pc8 pc9 pcgen pctrg; do
+    read -r w c < <(run "$s"; echo)
+    wall[$s]+="$w "; cpu[$s]+="$c "
+  done
 done
 for s in pc8 pc9 pcgen pctrg; do
   case $s in
@@ -46,6 +55,7 @@ for s in pc8 pc9 pcgen pctrg; do
     pcgen) label="0009 + stored generated slot" ;; pctrg) label="0009 + BEFORE trigger slot" ;;
   esac
   # shellcheck disable=SC2086
-  printf '%-30s median %7.1f ms  (%s)\n' "$label" "$(printf '%s\n' ${times[$s]} | median)" "${times[$s]% }"
+  printf '%-30s wall median %7.1f ms  backend CPU median %7.1f ms  (cpu: %s)\n' "$label" \
+    "$(printf '%s\n' ${wall[$s]} | median)" "$(printf '%s\n' ${cpu[$s]} | median)" "${cpu[$s]% }"
 done
 for s in pc8 pc9 pcgen pctrg; do psql_ -c "DROP SCHEMA $s CASCADE"; done
