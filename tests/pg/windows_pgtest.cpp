@@ -254,9 +254,11 @@ TEST_CASE("windows: a large window read in chunks, or by slot, gives the ids of 
     installed db("win");
     auto reader = db.store("reader");
     const std::string a = snapshot_now(*db.admin);
-    session open(db), p(db);
+    session open(db), p(db), late(db);
     open.exec("BEGIN");
     const auto e_open = open.enqueue("held");  // running at A's successor, then committed: in xip
+    late.exec("BEGIN");
+    const auto e_late = late.enqueue();  // running at B (in its xip), committed before the reads: not in B
     for (int t = 0; t < 20; ++t) {
         p.exec(fmt::format("SELECT {}.enqueue('t', jsonb_build_object('g', g), "
                            "CASE WHEN g % 3 = 0 THEN 'key' || (g % 17) END) FROM generate_series(1, 150) g",
@@ -264,6 +266,7 @@ TEST_CASE("windows: a large window read in chunks, or by slot, gives the ids of 
     }
     open.exec("COMMIT");
     const std::string b = snapshot_now(*db.admin);
+    late.exec("COMMIT");
     p.enqueue();  // after B: in no read below
 
     const auto whole = reader.read_window(a, b, 0, std::nullopt, 1000000);
@@ -273,6 +276,7 @@ TEST_CASE("windows: a large window read in chunks, or by slot, gives the ids of 
     for (const auto& e : whole.events) ids.push_back(e.id);
     CHECK(std::is_sorted(ids.begin(), ids.end()));
     CHECK(std::find(ids.begin(), ids.end(), e_open) != ids.end());
+    CHECK(std::find(ids.begin(), ids.end(), e_late) == ids.end());
 
     for (const std::size_t chunk : {1UL, 333UL, 3000UL, 3001UL}) {
         CAPTURE(chunk);
