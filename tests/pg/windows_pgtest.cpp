@@ -349,6 +349,26 @@ TEST_CASE("windows: the read returns B, both xmaxes and the server's time; the s
     CHECK(check_window({server.next_xid + 1, server.system_identifier}, server) == window_verdict::xid_regression);
 }
 
+TEST_CASE("windows: ordering keys that need quoting in an array come back as written") {
+    installed db("win");
+    auto reader = db.store("reader");
+    const std::string a = snapshot_now(*db.admin);
+    const std::vector<std::string> keys{"NULL", "a \"quoted\" key", "back\\slash", "comma,{brace}", " spaced ", "ключ"};
+    std::vector<std::int64_t> ids;
+    for (const auto& k : keys) {
+        ids.push_back(db.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = k, .idempotency_key = std::nullopt}));
+    }
+    const auto unkeyed = db.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = std::nullopt, .idempotency_key = std::nullopt});
+    const auto w = reader.read_window(a, std::nullopt, 0, std::nullopt, 100);
+    REQUIRE(w.events.size() == keys.size() + 1);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        CHECK(w.events[i].id == ids[i]);
+        CHECK(w.events[i].ordering_key == keys[i]);
+    }
+    CHECK(w.events.back().id == unkeyed);
+    CHECK_FALSE(w.events.back().ordering_key);
+}
+
 TEST_CASE("windows: a cursor is taken from its owner only when its relay is dead, and a stale epoch writes nothing") {
     installed db("win");
     auto a = db.store("relay-a");
