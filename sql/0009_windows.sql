@@ -1,10 +1,10 @@
 -- outboxd migration 0009: the foundation of commit-ordered windows.
 --
--- Nothing in the relay reads these yet (docs/commit-ordered-windows.md,
--- "Production foundation"): this adds what a relay needs to consume the
--- outbox the way PgQ does, by "committed after snapshot A and visible in
--- snapshot B", with no write per event. Applying it changes nothing for
--- today's relay; producers pay one more index entry per event.
+-- What a relay needs to consume the outbox the way PgQ does, by "committed
+-- after snapshot A and visible in snapshot B", with no write per event
+-- (docs/commit-ordered-windows.md). A relay that claims events, as outboxd
+-- did before windows, ignores all of it; producers pay one more index entry
+-- per event.
 --
 -- Like 0001, runs as one transaction with :"schema" set (psql -v schema=...).
 -- Every ALTER here only changes the catalog (no table rewrite); the index
