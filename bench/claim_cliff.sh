@@ -16,9 +16,11 @@
 # With 0 rows on N pages the planner takes the table for a single row,
 # whatever it holds, until the next autovacuum or autoanalyze of it.
 # Each drain stops after --limit seconds (default 60; SIGINT, the relay's
-# graceful stop). For each drain it prints events delivered, seconds,
-# events a second, the relay's claim_us median (its debug log), and per
-# statement of the relay's (pg_stat_statements): calls, ms and buffers a call.
+# graceful stop). For each drain it prints the deliveries (lines on stdout,
+# repeats included), seconds, deliveries a second, the events left in the
+# outbox, the relay's claim_us median (its debug log) and its warnings and
+# errors, and per statement of the relay's (pg_stat_statements): calls, ms
+# and buffers a call.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -74,13 +76,15 @@ drain() {
   timeout -s INT "$limit" "$outboxd" --database-url "$url" --log-level debug run --once --url stdout \
     >"$out" 2>"$log" || true
   t1=$(date +%s.%N)
-  local delivered
+  local delivered left
   delivered=$(wc -l <"$out")
+  left=$(sql "SELECT count(*) FROM outbox.events")
   grep -o 'claim_us=[0-9]*' "$log" | cut -d= -f2 | sort -n |
-    awk -v n="$name" -v d="$delivered" -v s="$(echo "$t1 - $t0" | bc)" '
+    awk -v n="$name" -v d="$delivered" -v l="$left" -v s="$(echo "$t1 - $t0" | bc)" '
       {a[NR] = $1}
-      END {printf "%s: %d events in %.1f s, %.0f events/s; %d claims, claim_us median %d\n",
-                  n, d, s, d / s, NR, NR ? a[int((NR + 1) / 2)] : 0}'
+      END {printf "%s: %d deliveries in %.1f s, %.0f a second, %d events left in the outbox; " \
+                  "%d claims, claim_us median %d\n", n, d, s, d / s, l, NR, NR ? a[int((NR + 1) / 2)] : 0}'
+  grep -o 'level=\(warn\|error\) msg="[^"]*"' "$log" | sort | uniq -c | sed 's/^/  log: /' || true
   sql "SELECT format('  %-40s %6s calls %9s ms %9s buffers a call', left(regexp_replace(regexp_replace(query,
                        '^(\s*--[^\n]*\n)*\s*', ''), '\s+', ' ', 'g'), 40), calls,
                      round((total_exec_time / calls)::numeric, 3),
