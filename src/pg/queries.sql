@@ -99,7 +99,7 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- the marking of dead index entries), this keeps each claim from wading
 -- through the entries of every event delivered since that transaction began.
 WITH due AS (
-    SELECT e.id, e.available_at, e.ordering_key
+    SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
     FROM :"schema".events e
     WHERE e.available_at <= now()
       AND :after_watermark
@@ -133,10 +133,17 @@ claimed AS (
     SET attempts = e.attempts + 1,
         lease_owner = $1,
         available_at = now() + $2 * interval '1 millisecond'
-    -- = ANY, not a join with `due`: one index probe per row whatever the
-    -- (cached, generic) plan believed about the table's size.
-    WHERE e.id = ANY (ARRAY(SELECT id FROM due WHERE ordering_key IS NULL
-                            UNION ALL SELECT event_id FROM held))
+    -- By ctid, the rows `due` locked: a TID scan, the one plan there is for
+    -- this, whatever the (cached, generic) plan believed about the table.
+    -- By id, a plan made while the statistics said the table was empty
+    -- (a VACUUM or ANALYZE of a drained outbox whose pages remained) looked
+    -- each row up in the claim index, where id is not the leading column:
+    -- a scan of the whole index per row (bench/NOTES.md, "Database"). A row
+    -- that `due` locked only after following a concurrent update has a ctid
+    -- this statement's snapshot does not see: it is left unleased (picked,
+    -- not claimed) and due, for the next claim.
+    WHERE e.ctid = ANY (ARRAY(SELECT tid FROM due WHERE ordering_key IS NULL
+                              UNION ALL SELECT due.tid FROM due JOIN held ON held.event_id = due.id))
     RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
               array_to_string(e.destinations, ',') AS destinations, e.created_at
 )
