@@ -32,7 +32,12 @@
 # Prints a Markdown table: median commits/s of `runs` rounds (each runs
 # every mode and client count once) per mode and client count, and each
 # mode's ratio to `no-wake` (the same transactions with no wake mechanism at
-# all). The outbox tables are emptied before every run. Builds nothing
+# all). A second table gives the CPU time each commit cost the machine
+# (PostgreSQL's processes, pgbench, and the relay if one runs), median per
+# mode, and no-wake's figure divided by the mode's: on a machine whose cores
+# the producers saturate, that is the commit rate the mode leaves them, and
+# unlike the rate it does not move with what else runs on a shared machine.
+# The outbox tables are emptied before every run. Builds nothing
 # (scripts/build.sh first); uses build/outboxd, or $OUTBOXD_BIN. The cluster
 # is removed on exit.
 set -euo pipefail
@@ -44,7 +49,7 @@ seconds=10
 runs=3
 modes="none no-wake notify auto-busy auto-live poll-live wal"
 wal_level=logical
-usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --clients) clients=${2:?}; shift 2 ;;
@@ -75,6 +80,19 @@ stop_relay() {
 on_exit stop_relay
 
 psql_q() { psql -X -q -v ON_ERROR_STOP=1 "$url" "$@"; }
+postmaster=$(head -1 "$dir/pg/postmaster.pid")
+# Clock ticks of CPU used so far by the cluster (the postmaster, its live
+# children, and the children it has reaped: pgbench's backends exit with it)
+# and by the relay, if one runs.
+cpu_ticks() {
+  local t p
+  t=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$postmaster/stat")
+  for p in $(pgrep -P "$postmaster") ${relay_pid:-}; do
+    t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$t"
+}
+hz=$(getconf CLK_TCK)
 "$outboxd" migrate --database-url "$url" --schema outbox >/dev/null 2>&1
 psql_q -c "CREATE TABLE bench_orders (id bigserial PRIMARY KEY, amount integer NOT NULL, at timestamptz NOT NULL DEFAULT now())"
 
@@ -138,22 +156,32 @@ script_of() { [[ $1 == none ]] && echo "$dir/none.sql" || echo "$dir/outbox.sql"
 # Rounds: every mode and client count once per round, so that a slow spell
 # of the machine (other work, a disk busy elsewhere) falls on all modes
 # alike rather than on whichever mode ran then.
-declare -A rates median
+declare -A rates median cpus cpu_median
 for ((r = 1; r <= runs; r++)); do
   for c in $clients; do
     for mode in $modes; do
       set_up_mode "$mode"
-      tps=$("$pgbench" -n -f "$(script_of "$mode")" -c "$c" -j "$((c < 4 ? c : 4))" -T "$seconds" "$url" 2>&1 |
-        sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | head -1)
+      before=$(cpu_ticks)
+      out=$(/usr/bin/time -f 'pgbench_cpu %U %S' "$pgbench" -n -f "$(script_of "$mode")" -c "$c" \
+              -j "$((c < 4 ? c : 4))" -T "$seconds" "$url" 2>&1)
+      sleep 0.3  # the postmaster reaps the exited backends
+      after=$(cpu_ticks)
+      tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out" | head -1)
       [[ -n $tps ]] || { echo "producer_load.sh: pgbench failed ($mode, $c clients)" >&2; exit 1; }
+      commits=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out" | head -1)
+      pgbench_cpu=$(sed -n 's/^pgbench_cpu //p' <<<"$out" | awk '{print $1 + $2}')
+      us=$(awk -v b="$before" -v a="$after" -v hz="$hz" -v n="$commits" -v pb="$pgbench_cpu" \
+             'BEGIN {printf "%.1f", ((a - b) / hz + pb) * 1e6 / n}')
       rates[$mode,$c]+="$tps "
-      echo "round $r c=$c $mode: $tps tps" >&2
+      cpus[$mode,$c]+="$us "
+      echo "round $r c=$c $mode: $tps tps, $us us of CPU a commit" >&2
     done
   done
 done
 for mode in $modes; do
   for c in $clients; do
     median[$mode,$c]=$(printf '%s\n' ${rates[$mode,$c]} | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+    cpu_median[$mode,$c]=$(printf '%s\n' ${cpus[$mode,$c]} | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
   done
 done
 stop_relay
@@ -177,3 +205,20 @@ for mode in $modes; do
 done
 echo
 echo "commits/s, median of $runs runs of ${seconds}s each; (×): ratio to no-wake; wal_level = $wal_level; $(nproc) CPUs; $(date -u +%F)"
+echo
+echo "$header"
+echo "$rule"
+for mode in $modes; do
+  line="| $mode |"
+  for c in $clients; do
+    m=${cpu_median[$mode,$c]}
+    if [[ -n ${cpu_median[no-wake,$c]:-} && $mode != no-wake ]]; then
+      line+=" $m ($(awk -v a="$m" -v b="${cpu_median[no-wake,$c]}" 'BEGIN {printf "%.2f", b / a}')×) |"
+    else
+      line+=" $m |"
+    fi
+  done
+  echo "$line"
+done
+echo
+echo "µs of CPU a commit (PostgreSQL + pgbench + relay), median of $runs; (×): no-wake's CPU a commit / the mode's"

@@ -40,6 +40,8 @@ struct event {
     // (now() - created_at, both read by the database: no clock skew between
     // hosts); unset when the claim did not say.
     std::optional<std::chrono::microseconds> age_at_claim;
+    // Where the claim left the leased row (ctid, as text); see lease_ref.
+    std::string tid;
 };
 
 }  // namespace outboxd

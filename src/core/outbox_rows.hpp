@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/event.hpp"
@@ -17,8 +18,15 @@ namespace outboxd {
 
 // Which claim of an event an outcome belongs to (the fencing token).
 struct lease_ref {
+    lease_ref() = default;
+    lease_ref(std::int64_t event_id, std::int32_t attempt_number, std::string row_tid = {})
+        : id(event_id), attempt(attempt_number), tid(std::move(row_tid)) {}
+
     std::int64_t id = 0;
     std::int32_t attempt = 0;
+    // Where the claim left the leased row (its ctid, as text): `complete`
+    // finds it there. Empty: not known (the row is then looked up by id).
+    std::string tid;
 };
 
 // One destination's delivery of a fanned-out event, as claimed.

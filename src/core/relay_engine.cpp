@@ -392,7 +392,7 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         deliver_owed(std::move(e), std::move(built.headers), unix_now, lease_end);
         return;
     }
-    const lease_ref ref{e->id, e->attempt};
+    const lease_ref ref{e->id, e->attempt, e->tid};
     const bool keyed = e->ordering_key.has_value();
     if (built.error) {
         bury_unsendable(*e, *built.error);
@@ -596,7 +596,7 @@ void relay_engine::hand_back(const event& e, milliseconds delay) {
     if (e.destination) {
         pending_.deliveries_handed_back.push_back({{e.id, *e.destination, e.attempt}, delay, {}});
     } else {
-        pending_.handed_back.push_back({{e.id, e.attempt}, delay, {}});
+        pending_.handed_back.push_back({{e.id, e.attempt, e.tid}, delay, {}});
     }
     pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
 }
@@ -765,7 +765,7 @@ void relay_engine::bury_unsendable(const event& e, const std::string& why) {
     log::error("event cannot be sent; moving to dead letters",
                {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}, {"error", why}});
     report("", delivery_result::dead, e.attempt, e, {});
-    pending_.dead.push_back({lease_ref{e.id, e.attempt}, why, std::nullopt, {}});
+    pending_.dead.push_back({lease_ref{e.id, e.attempt, e.tid}, why, std::nullopt, {}});
     pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
     finished();
 }
@@ -788,7 +788,7 @@ void relay_engine::unroutable(const event& e) {
                                           clock_.wall());
     log::warn("no route for event; it stays in the outbox",
               {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}});
-    const lease_ref ref{e.id, e.attempt};
+    const lease_ref ref{e.id, e.attempt, e.tid};
     report("", result_of(outcome.what), e.attempt, e, {});
     if (outcome.what == delivery_outcome::kind::dead) {
         pending_.dead.push_back({ref, outcome.error, std::nullopt, {}});

@@ -99,7 +99,7 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- the marking of dead index entries), this keeps each claim from wading
 -- through the entries of every event delivered since that transaction began.
 WITH due AS (
-    SELECT e.id, e.available_at, e.ordering_key
+    SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
     FROM :"schema".events e
     WHERE e.available_at <= now()
       AND :after_watermark
@@ -133,12 +133,19 @@ claimed AS (
     SET attempts = e.attempts + 1,
         lease_owner = $1,
         available_at = now() + $2 * interval '1 millisecond'
-    -- = ANY, not a join with `due`: one index probe per row whatever the
-    -- (cached, generic) plan believed about the table's size.
-    WHERE e.id = ANY (ARRAY(SELECT id FROM due WHERE ordering_key IS NULL
-                            UNION ALL SELECT event_id FROM held))
+    -- By ctid, the rows `due` locked: a TID scan, the one plan there is for
+    -- this, whatever the (cached, generic) plan believed about the table.
+    -- By id, a plan made while the statistics said the table was empty
+    -- (a VACUUM or ANALYZE of a drained outbox whose pages remained) looked
+    -- each row up in the claim index, where id is not the leading column:
+    -- a scan of the whole index per row (bench/NOTES.md, "Database"). A row
+    -- that `due` locked only after following a concurrent update has a ctid
+    -- this statement's snapshot does not see: it is left unleased (picked,
+    -- not claimed) and due, for the next claim.
+    WHERE e.ctid = ANY (ARRAY(SELECT tid FROM due WHERE ordering_key IS NULL
+                              UNION ALL SELECT due.tid FROM due JOIN held ON held.event_id = due.id))
     RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
-              array_to_string(e.destinations, ',') AS destinations, e.created_at
+              array_to_string(e.destinations, ',') AS destinations, e.created_at, e.ctid::text AS tid
 )
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
@@ -147,7 +154,9 @@ SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        NULL::bigint AS watermark_id, c.destinations, NULL::text AS low_mark, NULL::bigint AS picked,
        -- how long ago the event was written, by the database's clock (the
        -- commit-to-delivery latency of /metrics)
-       (extract(epoch FROM now() - c.created_at) * 1000000)::bigint AS age_us
+       (extract(epoch FROM now() - c.created_at) * 1000000)::bigint AS age_us,
+       -- where the leased row version is: its outcome finds it there (complete)
+       c.tid
 FROM claimed c
 UNION ALL
 -- One more row (id NULL), which fills the columns from next_due_ms on:
@@ -182,7 +191,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- "came back full" is judged on these, or a hold conflict would end
        -- a drain and move the low mark past rows still waiting
        (SELECT count(*) FROM due),
-       NULL
+       NULL, NULL
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 
@@ -254,15 +263,25 @@ SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attemp
 FROM claimed c JOIN :"schema".events e ON e.id = c.event_id;
 
 -- name: complete
--- params: ids, attempts, owner
+-- params: ids, attempts, owner, tids
 -- Delivered: the events leave the hot table. Fenced: only rows that still
 -- carry our lease and the attempt number we claimed them with. Their keys'
 -- holds go with them (see the claim); every statement below that ends a
--- lease does the same. ids and attempts are parallel arrays.
+-- lease does the same. ids, attempts and tids are parallel arrays; tids are
+-- where the claim left each leased row.
+-- Found by ctid (a TID scan, the one plan there is), not by id: planned
+-- while the statistics said a drained outbox was empty (0 rows on N pages),
+-- a lookup by id used the claim index (available_at, id), one scan of the
+-- whole index per row, and a batch of thousands ran into the statement
+-- timeout (bench/NOTES.md, "Database"). Nothing else updates a leased row
+-- before its outcome; a row that moved all the same (a table rewrite:
+-- VACUUM FULL, CLUSTER) is not found and counts as fenced out, and its
+-- lease runs out. The id and attempt are still checked: array_position is
+-- a loop in C over the batch, cheap at the sizes the relay writes.
 WITH gone AS (
     DELETE FROM :"schema".events e
-    USING unnest($1::bigint[], $2::integer[]) AS done(id, attempt)
-    WHERE e.id = done.id AND e.attempts = done.attempt AND e.lease_owner = $3
+    WHERE e.ctid = ANY ($4::tid[]) AND e.lease_owner = $3
+      AND e.attempts = ($2::integer[])[array_position($1::bigint[], e.id)]
     RETURNING e.id, e.ordering_key
 ), unheld AS (
     DELETE FROM :"schema".key_holds h

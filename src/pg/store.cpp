@@ -85,7 +85,7 @@ void store::set_up(pqxx::connection& c) {
     }
     if (relay_session_) {
         pqxx::nontransaction tx(c);
-        tx.exec("SET synchronous_commit = off");  // see the constructor's comment
+        for (const auto& setting : relay_session_settings()) tx.exec(setting);  // see the constructor's comment
     }
     if (plan_once_) {
         pqxx::nontransaction tx(c);
@@ -109,6 +109,16 @@ void store::set_up(pqxx::connection& c) {
 // of reach, though not out of existence. See the pg test "the claims'
 // generic plans ...". Not enable_sort = off, which made the claim's UPDATE
 // far slower (bench/NOTES.md, "Database").
+// synchronous_commit: see the constructor's comment. enable_seqscan: the
+// statements that end leases find their rows by ctid (`complete`) or by key;
+// a plan made while the statistics say the outbox is empty (0 rows on N
+// pages, after a drain) would otherwise read the whole table instead, at
+// every statement (the pg test "complete, planned while the statistics say
+// the outbox is empty ..."). A table with no other way in is still scanned.
+std::vector<std::string> store::relay_session_settings() {
+    return {"SET synchronous_commit = off", "SET enable_seqscan = off"};
+}
+
 std::vector<std::string> store::plan_once_settings() {
     return {"SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off", "SET enable_bitmapscan = off"};
 }
@@ -124,7 +134,11 @@ std::vector<std::int64_t> store::complete(std::span<const lease_ref> delivered) 
         const auto r = run(tx, q::complete::args{
                                    .ids = number_array(delivered, [](const lease_ref& d) { return d.id; }),
                                    .attempts = number_array(delivered, [](const lease_ref& d) { return d.attempt; }),
-                                   .owner = owner_});
+                                   .owner = owner_,
+                                   // NULL where not known: not found, counted as fenced out
+                                   .tids = text_array(delivered, [](const lease_ref& d) {
+                                       return d.tid.empty() ? std::nullopt : std::optional<std::string>(d.tid);
+                                   })});
         std::vector<std::int64_t> ids;
         ids.reserve(r.size());
         for (const auto& row : r) ids.push_back(row[q::complete::col::id].as<std::int64_t>());

@@ -272,6 +272,9 @@ public:
     [[nodiscard]] std::string claim_sql(std::size_t size, claim_from from) const;
     [[nodiscard]] std::string claim_deliveries_sql(std::size_t size) const;
     [[nodiscard]] static std::vector<std::string> plan_once_settings();
+    // What every relay session (relay_session) runs: public for the tests
+    // that check the outcome statements' plans.
+    [[nodiscard]] static std::vector<std::string> relay_session_settings();
 
 private:
     void set_up(pqxx::connection& c);

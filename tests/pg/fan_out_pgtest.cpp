@@ -218,7 +218,7 @@ TEST_CASE("the per-destination rule also holds back an earlier event of the key 
     }
     CHECK(claimed(claim_all(s, 10)) == std::vector{at(e1, "*")});
     CHECK(claim_all(s, 10).empty());
-    CHECK(s.complete(std::vector{pg::lease_ref{e1, 1}}).size() == 1);
+    CHECK(s.complete(std::vector{db.lease(e1, 1)}).size() == 1);
     CHECK(claimed(claim_all(s, 10)) == std::vector{at(e2, "audit")});
 }
 
@@ -415,7 +415,7 @@ TEST_CASE("a dead letter whose event is back in the outbox (not fanned out) wait
 
     const auto got = claim_all(s, 10);
     REQUIRE(claimed(got) == std::vector{at(id, "*")});
-    REQUIRE(s.complete(std::vector{pg::lease_ref{id, got[0].attempt}}).size() == 1);
+    REQUIRE(s.complete(std::vector{db.lease(id, got[0].attempt)}).size() == 1);
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
 
     // E has left: y's dead letter replays now, to y only.
@@ -488,6 +488,6 @@ TEST_CASE("release_untracked hands back our leases but those kept, due now, with
     CHECK(db.query(fmt::format("SELECT attempts FROM {{s}}.deliveries WHERE event_id = {} AND destination = 'search'",
                                parked)) == "1");
     // What we kept is still ours: its outcome is recorded.
-    CHECK(s.complete(std::vector{pg::lease_ref{ids[0], 1}}).size() == 1);
+    CHECK(s.complete(std::vector{db.lease(ids[0], 1)}).size() == 1);
     // The released key's hold went with it (b could claim it above).
 }

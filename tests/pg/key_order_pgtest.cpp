@@ -204,7 +204,7 @@ TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees not
     CHECK(a.release() == 1);
     CHECK(holds() == "0");
     e = claim_one(a);
-    CHECK(a.complete(std::vector{pg::lease_ref{e.id, e.attempt}}).size() == 1);
+    CHECK(a.complete(std::vector{db.lease(e.id, e.attempt)}).size() == 1);
     CHECK(holds() == "0");
     e = claim_one(a);
     CHECK(a.bury({e.id, e.attempt}, "HTTP 410", 410, ""));
@@ -262,7 +262,7 @@ TEST_CASE("a replayed delivery waits while a later event of its key is out to ev
     // e1 must not go to audit while e2 may be on its way there.
     CHECK(a.claim_deliveries(10, 30s, destinations).empty());
     CHECK(a.claim(10, 30s).events.empty());
-    CHECK(a.complete(std::vector{pg::lease_ref{e2, 1}}).size() == 1);
+    CHECK(a.complete(std::vector{db.lease(e2, 1)}).size() == 1);
     const auto got = a.claim(10, 30s).events;
     REQUIRE(got.size() == 1);
     CHECK(got[0].id == e1);

@@ -77,7 +77,7 @@ TEST_CASE("live leases: a relay's leases are not taken over while its session li
     for (const auto& e : again.events) CHECK(e.attempt == 2);
     // A late outcome of the dead relay (a zombie) is refused by the fencing.
     auto zombie = db.store("relay-a");
-    CHECK(zombie.complete(std::vector<pg::lease_ref>{{keyed, 1}, {plain, 1}}).empty());
+    CHECK(zombie.complete(std::vector<pg::lease_ref>{db.lease(keyed, 1), db.lease(plain, 1)}).empty());
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "2");
 }
 

@@ -67,6 +67,10 @@ std::int64_t installed::enqueue(const pg::new_event& e) {
     return producer_->enqueue(e);
 }
 
+pg::lease_ref installed::lease(std::int64_t id, std::int32_t attempt) {
+    return {id, attempt, query(fmt::format("SELECT ctid::text FROM {{s}}.events WHERE id = {}", id))};
+}
+
 std::string installed::query(const std::string& sql_with_schema) {
     return scalar(*admin, fmt::format(fmt::runtime(sql_with_schema), fmt::arg("s", schema.q())));
 }

@@ -54,6 +54,8 @@ struct installed {
     [[nodiscard]] pg::producer producer() const;
     // Commits an event through a producer (as `outboxd enqueue` does).
     std::int64_t enqueue(const pg::new_event& e);
+    // The lease of event `id` at `attempt`, where its row version is now (its ctid).
+    [[nodiscard]] pg::lease_ref lease(std::int64_t id, std::int32_t attempt);
     // scalar() on the admin connection; {s} in the text is the quoted schema.
     std::string query(const std::string& sql_with_schema);
 
