@@ -1143,8 +1143,14 @@ ORDER BY e.id;
 -- params: destination, slot, owner
 -- Takes the cursor of (destination, slot) for `owner` (a relay registered in
 -- `relays`, holding its session lock: sql/0006), epoch + 1, and returns
--- where it stands. A missing cursor is created at this statement's snapshot
--- (events committed before it are not this destination's). An existing one
+-- where it stands. A missing cursor of the relay's one cursor per slot
+-- (destination '', docs/windows-in-the-relay.md) is created at the
+-- beginning ('1:1:': its first window holds every event with a txid still
+-- in the outbox), because it serves every destination: an event committed
+-- before the cursor existed is still owed, and cleanup_window_events would
+-- delete it as delivered once the cursor had passed it. A missing cursor of
+-- a named destination is created at this statement's snapshot (events
+-- committed before it are not that destination's). An existing one
 -- is taken when nobody owns it, when we do (our session was replaced), when
 -- its owner is not a registered relay, or when that relay's session lock is
 -- free: its session is gone. The lock is then held until this statement's
@@ -1187,3 +1193,122 @@ RETURNING epoch;
 SELECT pg_is_in_recovery() AS in_recovery,
        pg_snapshot_xmax(pg_current_snapshot())::text AS next_xid,
        (SELECT system_identifier FROM pg_control_system()) AS system_identifier;
+
+-- name: park_window_events
+-- params: owner, ids, epochs, owed_ids, owed_destinations, owed_due_ms, owed_attempts, owed_errors, dead_ids, dead_destinations, dead_attempts, dead_errors, dead_statuses, dead_excerpts
+-- `fan_out` for events read from a window (not leased), a batch at a time:
+-- each event some destination still owes is parked (fanned_out) with one
+-- deliveries row per destination owed; every destination that failed for
+-- good gets a dead letter (destination NULL: the whole event, one that
+-- cannot be sent at all); an event that owes nothing is deleted. From then
+-- on it is today's delivery path (claim_deliveries keeps per-key order by
+-- id). ids/epochs: the events, in id order, with the epoch of the cursor
+-- they were read under. owed_*: one element per (event, destination) owed:
+-- due no earlier than now() + due_ms and never before the event's
+-- available_at (a delayed event is due then; a key-pending one now), the
+-- attempts made there, the last error there (NULL if none). dead_*: one
+-- element per dead letter (status: the HTTP status, or NULL).
+-- Fenced by the cursor instead of the event's attempt: an event is written
+-- only while `owner` owns the cursor of its slot ('', event_slot) at that
+-- epoch. The cursor rows are locked FOR SHARE (in slot order, after the
+-- events in id order), so a take_cursor that moves the cursor waits for
+-- this statement to commit, and one that committed first fences it out.
+-- Only events not fanned out and not under a running lease are written, so
+-- writing the same park again (an outcome write is retried when its answer
+-- is lost) changes nothing. Returns the events this call wrote; one left
+-- out was written already, is gone, is leased, or its cursor is not ours.
+-- One statement: the event row is updated (parked) or deleted (finished),
+-- never both, and dead letters copy the row as it was.
+WITH batch AS MATERIALIZED (
+    SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers, e.idempotency_key, e.created_at,
+           e.available_at, :"schema".event_slot(e.ordering_key, e.id) AS slot, b.epoch
+    FROM unnest($2::bigint[], $3::bigint[]) AS b(id, epoch)
+    JOIN :"schema".events e ON e.id = b.id
+    WHERE NOT e.fanned_out
+      AND NOT (e.lease_owner IS NOT NULL AND e.available_at > now())
+    ORDER BY e.id
+    FOR UPDATE OF e
+), mine AS MATERIALIZED (
+    SELECT c.slot, c.epoch
+    FROM :"schema".cursors c
+    WHERE c.destination = '' AND c.owner = $1
+      AND (c.slot, c.epoch) IN (SELECT slot, epoch FROM batch)
+    ORDER BY c.slot
+    FOR SHARE
+), fenced AS MATERIALIZED (
+    SELECT b.* FROM batch b JOIN mine m ON m.slot = b.slot AND m.epoch = b.epoch
+), owed AS MATERIALIZED (
+    SELECT o.id, o.destination, o.due_ms, o.attempts, o.error
+    FROM unnest($4::bigint[], $5::text[], $6::bigint[], $7::integer[], $8::text[])
+         AS o(id, destination, due_ms, attempts, error)
+), parked AS (
+    UPDATE :"schema".events e
+    SET fanned_out = true, available_at = 'infinity', lease_owner = NULL
+    FROM fenced f
+    WHERE e.id = f.id AND f.id IN (SELECT id FROM owed)
+), owing AS (
+    INSERT INTO :"schema".deliveries (event_id, destination, ordering_key, available_at, attempts, last_error)
+    SELECT f.id, o.destination, f.ordering_key,
+           greatest(f.available_at, now() + o.due_ms * interval '1 millisecond'), o.attempts, o.error
+    FROM fenced f JOIN owed o ON o.id = f.id
+    ON CONFLICT (event_id, destination) DO NOTHING
+), buried AS (
+    INSERT INTO :"schema".dead_letters
+        (id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
+         last_error, last_status, response_excerpt, destination)
+    SELECT f.id, f.topic, f.ordering_key, f.payload, f.headers, f.idempotency_key, f.created_at, d.attempts,
+           d.error, d.status, d.excerpt, d.destination
+    FROM fenced f
+    JOIN unnest($9::bigint[], $10::text[], $11::integer[], $12::text[], $13::integer[], $14::text[])
+         AS d(id, destination, attempts, error, status, excerpt) ON d.id = f.id
+    ON CONFLICT (id, destination) DO UPDATE
+        SET topic = excluded.topic, ordering_key = excluded.ordering_key, payload = excluded.payload,
+            headers = excluded.headers, idempotency_key = excluded.idempotency_key,
+            created_at = excluded.created_at, attempts = excluded.attempts, last_error = excluded.last_error,
+            last_status = excluded.last_status, response_excerpt = excluded.response_excerpt, died_at = now()
+), finished AS (
+    DELETE FROM :"schema".events e
+    USING fenced f
+    WHERE e.id = f.id AND f.id NOT IN (SELECT id FROM owed)
+)
+SELECT id FROM fenced ORDER BY id;
+
+-- name: cleanup_window_events
+-- params: batch
+-- Deletes up to `batch` delivered window events (docs/windows-in-the-relay.md,
+-- "Cleanup"): an event read from a window and delivered everywhere leaves
+-- no trace but the cursor's move past it. Delivered = committed before the
+-- xmin of the checkpointed A of its slot's cursor ('') and not fanned out
+-- (a parked event is deleted by delete_finished_events). The range is
+-- bounded by the oldest such A of all cursors, so the read stays a range of
+-- events_txid_idx and a lagging cursor holds back everything above it; an
+-- event whose slot has no cursor is never deleted (nobody has read it).
+-- Rows from before windows (txid NULL) are never in the range. Returns how
+-- many were deleted; run until it deletes fewer than `batch`.
+WITH gone AS (
+    DELETE FROM :"schema".events e
+    WHERE e.id IN (
+        SELECT w.id
+        FROM :"schema".events w
+        JOIN :"schema".cursors c
+          ON c.destination = '' AND c.slot = :"schema".event_slot(w.ordering_key, w.id)
+        WHERE w.txid < (SELECT min(pg_snapshot_xmin(snap_a)) FROM :"schema".cursors WHERE destination = '')
+          AND w.txid < pg_snapshot_xmin(c.snap_a)
+          AND NOT w.fanned_out
+        LIMIT $1
+        FOR UPDATE OF w SKIP LOCKED)
+    RETURNING e.id
+)
+SELECT count(*) AS deleted FROM gone;
+
+-- name: free_dead_cursors
+-- params: owners
+-- Run with take_over_leases, in its transaction: the cursors of relays
+-- find_dead_relays found dead are unowned at once, so another relay takes
+-- them at its next poll instead of first finding the owner dead itself. The
+-- epoch stays (take_cursor moves it); a late park or checkpoint of the dead
+-- relay is fenced by the owner.
+UPDATE :"schema".cursors
+SET owner = NULL
+WHERE owner = ANY ($1::text[])
+RETURNING destination, slot;

@@ -433,6 +433,7 @@ store::takeover store::take_over_dead_relays() {
         if (!out.relays.empty()) {
             const auto owners = text_array(out.relays);
             out.leases = exec_params(tx, queries_, q::take_over_leases::args{.owners = owners}).size();
+            out.cursors = exec_params(tx, queries_, q::free_dead_cursors::args{.owners = owners}).size();
         }
         tx.commit();
         return out;

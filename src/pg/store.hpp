@@ -152,9 +152,11 @@ public:
     struct takeover {
         std::vector<std::string> relays;  // lease owners found dead
         std::size_t leases = 0;           // events and deliveries handed back
+        std::size_t cursors = 0;          // their window cursors, unowned now
     };
     // Finds the registered relays whose session is gone (their lock is
-    // free), hands back their leases due now and forgets them. One short
+    // free), hands back their leases due now, unowns their window cursors
+    // and forgets them. One short
     // transaction; with no relay dead, one indexed read of `relays`.
     [[nodiscard]] takeover take_over_dead_relays();
 
@@ -258,6 +260,24 @@ public:
     [[nodiscard]] bool release_cursor(const std::string& destination, int slot, std::int64_t epoch);
     // The server's side of core/window_safety.hpp.
     [[nodiscard]] server_position window_safety();
+    // What a window event's outcome (or the sequencer's park) leaves owed:
+    // `owed` get a deliveries row each (due no earlier than due_in from now,
+    // and never before the event's available_at), `dead` a dead letter each
+    // (destination empty: the whole event, a dead letter with destination
+    // NULL). Nothing owed: the event is deleted.
+    struct window_park {
+        std::int64_t id = 0;
+        std::int64_t epoch = 0;  // of the cursor ('', its slot) it was read under
+        std::vector<owed_delivery> owed;
+        std::vector<dead_delivery> dead;
+    };
+    // Writes the parks of a batch of window events in one statement
+    // (park_window_events in queries.sql), fenced by each event's cursor.
+    // Returns the ids written; writing the same parks again writes nothing.
+    [[nodiscard]] std::vector<std::int64_t> park_window_events(std::span<const window_park> parks);
+    // Deletes up to `batch` delivered window events below their slot's
+    // cursor (cleanup_window_events in queries.sql). Returns how many.
+    std::size_t cleanup_window_events(std::size_t batch);
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
     // Before the first connection: the session goes through a transaction

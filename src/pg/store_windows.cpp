@@ -7,6 +7,7 @@
 
 #include <pqxx/pqxx>
 
+#include "core/text.hpp"
 #include "pg/params.hpp"
 #include "pg/sql_arrays.hpp"
 #include "pg/store.hpp"
@@ -37,6 +38,9 @@ void for_each_element(const pqxx::field& f, Each each) {
         }
     }
 }
+
+// Stored error texts are bounded, as in store.cpp.
+constexpr std::size_t max_error_bytes = 2048;
 
 }  // namespace
 
@@ -163,6 +167,69 @@ server_position store::window_safety() {
         return server_position{.in_recovery = row[col::in_recovery].as<bool>(),
                                .next_xid = parse_number<std::uint64_t>(row[col::next_xid].as<std::string>()),
                                .system_identifier = row[col::system_identifier].as<std::int64_t>()};
+    });
+}
+
+std::vector<std::int64_t> store::park_window_events(std::span<const window_park> parks) {
+    if (parks.empty()) return {};
+    // Flattened into the statement's parallel arrays.
+    struct owed_row {
+        std::int64_t id;
+        const owed_delivery* o;
+    };
+    struct dead_row {
+        std::int64_t id;
+        const dead_delivery* d;
+    };
+    std::vector<owed_row> owed;
+    std::vector<dead_row> dead;
+    for (const auto& p : parks) {
+        for (const auto& o : p.owed) owed.push_back({p.id, &o});
+        for (const auto& d : p.dead) dead.push_back({p.id, &d});
+    }
+    const auto error_text = [](const std::optional<std::string>& e) {
+        return e ? std::optional(sanitize_text(*e, max_error_bytes)) : std::nullopt;
+    };
+    const auto args = q::park_window_events::args{
+        .owner = owner_,
+        .ids = number_array(parks, [](const window_park& p) { return p.id; }),
+        .epochs = number_array(parks, [](const window_park& p) { return p.epoch; }),
+        .owed_ids = number_array(owed, [](const owed_row& r) { return r.id; }),
+        .owed_destinations = text_array(owed, [](const owed_row& r) { return std::optional(r.o->destination); }),
+        .owed_due_ms = number_array(owed, [](const owed_row& r) { return r.o->due_in.count(); }),
+        .owed_attempts = number_array(owed, [](const owed_row& r) { return r.o->attempts; }),
+        .owed_errors = text_array(owed, [&](const owed_row& r) { return error_text(r.o->error); }),
+        .dead_ids = number_array(dead, [](const dead_row& r) { return r.id; }),
+        .dead_destinations = text_array(dead,
+                                        [](const dead_row& r) {
+                                            return r.d->destination.empty() ? std::nullopt
+                                                                            : std::optional(r.d->destination);
+                                        }),
+        .dead_attempts = number_array(dead, [](const dead_row& r) { return r.d->attempts; }),
+        .dead_errors = text_array(dead, [](const dead_row& r) { return std::optional(sanitize_text(r.d->error, max_error_bytes)); }),
+        .dead_statuses = text_array(dead,
+                                    [](const dead_row& r) {
+                                        return r.d->status ? std::optional(std::to_string(*r.d->status)) : std::nullopt;
+                                    }),
+        .dead_excerpts = text_array(dead, [](const dead_row& r) {
+            return std::optional(sanitize_text(r.d->response_excerpt, max_error_bytes));
+        })};
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);  // one statement: atomic by itself
+        std::vector<std::int64_t> written;
+        for (const auto& row : exec_params(tx, queries_, args)) {
+            written.push_back(row[q::park_window_events::col::id].as<std::int64_t>());
+        }
+        return written;
+    });
+}
+
+std::size_t store::cleanup_window_events(std::size_t batch) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_, q::cleanup_window_events::args{.batch = static_cast<long long>(batch)})
+            .one()[q::cleanup_window_events::col::deleted]
+            .as<std::size_t>();
     });
 }
 

@@ -492,3 +492,278 @@ TEST_CASE("windows: migration 0009 applies to an outbox with pending events, del
     CHECK(claimed_ids.count(5) == 1);  // pending, unkeyed, from before the migration
     CHECK(claimed_ids.count(after) == 1);
 }
+
+namespace {
+
+pg::new_event window_event(std::optional<std::string> key = std::nullopt,
+                           std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
+    pg::new_event e;
+    e.topic = "t";
+    e.payload = R"({"n":1})";
+    e.ordering_key = std::move(key);
+    e.delay = delay;
+    return e;
+}
+
+int slot_of(installed& db, const std::string& key) {
+    return std::stoi(db.query("SELECT {s}.event_slot(" + quote_literal(key) + ", 0)"));
+}
+
+// A key of another slot than every one in `taken`.
+std::string key_in_new_slot(installed& db, const std::set<int>& taken, const std::string& prefix) {
+    for (int i = 0;; ++i) {
+        const auto key = prefix + std::to_string(i);
+        if (!taken.count(slot_of(db, key))) return key;
+    }
+}
+
+pg::owed_delivery owed(const std::string& destination, int attempts = 0,
+                       std::optional<std::string> error = std::nullopt,
+                       std::chrono::milliseconds due_in = std::chrono::milliseconds(0)) {
+    return pg::owed_delivery{.destination = destination, .due_in = due_in, .attempts = attempts, .error = std::move(error)};
+}
+
+pg::dead_delivery dead(const std::string& destination, const std::string& error, std::optional<int> status) {
+    return pg::dead_delivery{
+        .destination = destination, .attempts = 1, .error = error, .status = status, .response_excerpt = "gone"};
+}
+
+}  // namespace
+
+TEST_CASE("windows: an event committed before its slot's cursor exists is read by the cursor's first window") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    const auto before = db.enqueue(window_event("early"));
+    const auto cursor = relay.take_cursor("", slot_of(db, "early"));
+    REQUIRE(cursor);
+    const auto w = relay.read_window(cursor->snap_a, std::nullopt, 0, std::vector<int>{slot_of(db, "early")}, 100);
+    REQUIRE(w.events.size() == 1);
+    CHECK(w.events[0].id == before);
+}
+
+TEST_CASE("windows: parked window events of a key are claimed by claim_deliveries one at a time in id order per "
+          "destination; a delayed event is parked due at its available_at") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    const auto k1 = db.enqueue(window_event("k"));
+    const auto k2 = db.enqueue(window_event("k"));
+    const auto k3 = db.enqueue(window_event("k"));
+    const auto delayed = db.enqueue(window_event(std::nullopt, 1h));
+
+    std::map<int, std::int64_t> epochs;  // slot -> epoch
+    for (const int slot : {slot_of(db, "k"), std::stoi(db.query(fmt::format(
+                                                 "SELECT {{s}}.event_slot(NULL, {})", delayed)))}) {
+        const auto c = relay.take_cursor("", slot);
+        REQUIRE(c);
+        epochs[slot] = c->epoch;
+    }
+    const auto w = relay.read_window("1:1:", std::nullopt, 0, std::nullopt, 100);
+    REQUIRE(w.events.size() == 4);
+    const auto epoch_of = [&](std::size_t i) { return epochs.at(w.events[i].slot); };
+    CHECK(w.events[3].id == delayed);
+    CHECK(w.events[3].available_at_us > w.now_us + 3500LL * 1000 * 1000);
+
+    // k1 failed at hooks (delivered at audit); k2 and k3 queue behind it at both
+    // (key pending); the delayed one was not due: owed at hooks when it is.
+    const std::vector<pg::store::window_park> parks{
+        {.id = k1, .epoch = epoch_of(0), .owed = {owed("hooks", 1, "HTTP 503")}, .dead = {}},
+        {.id = k2, .epoch = epoch_of(1), .owed = {owed("hooks"), owed("audit")}, .dead = {}},
+        {.id = k3, .epoch = epoch_of(2), .owed = {owed("hooks"), owed("audit")}, .dead = {}},
+        {.id = delayed, .epoch = epoch_of(3), .owed = {owed("hooks")}, .dead = {}},
+    };
+    CHECK(relay.park_window_events(parks) == std::vector<std::int64_t>{k1, k2, k3, delayed});
+    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE fanned_out AND available_at = 'infinity' "
+                   "AND lease_owner IS NULL") == "4");
+    CHECK(db.query(fmt::format("SELECT attempts || ' ' || last_error FROM {{s}}.deliveries "
+                               "WHERE event_id = {} AND destination = 'hooks'", k1)) == "1 HTTP 503");
+    CHECK(db.query(fmt::format("SELECT count(*) FROM {{s}}.deliveries WHERE event_id = {}", k1)) == "1");
+    CHECK(db.query(fmt::format("SELECT d.available_at = e.created_at + interval '1 hour' FROM {{s}}.deliveries d "
+                               "JOIN {{s}}.events e ON e.id = d.event_id WHERE d.event_id = {}",
+                               delayed)) == "t");
+    CHECK(db.query(fmt::format("SELECT (extract(epoch FROM available_at) * 1000000)::bigint FROM {{s}}.deliveries "
+                               "WHERE event_id = {}",
+                               delayed)) == std::to_string(w.events[3].available_at_us));
+
+    // From here it is today's delivery path: one at a time per key and destination, in id order.
+    const std::vector<std::string> destinations{"hooks", "audit"};
+    std::vector<std::set<std::string>> rounds;  // what each claim took, as id@destination
+    for (int round = 0; round < 4; ++round) {
+        const auto claimed = relay.claim_deliveries(10, 60s, destinations);
+        pg::delivery_outcomes done;
+        rounds.emplace_back();
+        for (const auto& e : claimed) {
+            rounds.back().insert(fmt::format("{}@{}", e.id, *e.destination));
+            done.delivered.push_back({.id = e.id, .destination = *e.destination, .attempt = e.attempt});
+        }
+        CHECK(relay.finish_deliveries(done) == 0);
+    }
+    const auto at = [](std::int64_t id, const char* destination) { return fmt::format("{}@{}", id, destination); };
+    CHECK(rounds == std::vector<std::set<std::string>>{{at(k1, "hooks"), at(k2, "audit")},
+                                                       {at(k2, "hooks"), at(k3, "audit")},
+                                                       {at(k3, "hooks")},
+                                                       {}});
+    // Done everywhere: the keyed events are gone; the delayed one waits for its time.
+    CHECK(db.query("SELECT string_agg(id::text, ',') FROM {s}.events") == std::to_string(delayed));
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries WHERE available_at > now() + interval '50 minutes'") == "1");
+}
+
+TEST_CASE("windows: a park is fenced by its cursor (owner and epoch), and writing it twice changes nothing") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    auto other = db.store("relay-b");
+    other.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    const auto owing = db.enqueue(window_event("k"));
+    const auto all_dead = db.enqueue(window_event("k"));
+    const auto one_dead = db.enqueue(window_event("k"));
+    const auto cursor = relay.take_cursor("", slot_of(db, "k"));
+    REQUIRE(cursor);
+    const auto park = [&](std::int64_t epoch) {
+        return std::vector<pg::store::window_park>{
+            {.id = owing, .epoch = epoch, .owed = {owed("hooks", 2, "timeout")}, .dead = {dead("audit", "HTTP 410", 410)}},
+            {.id = all_dead, .epoch = epoch, .owed = {}, .dead = {dead("", "no route for topic t", std::nullopt)}},
+            {.id = one_dead, .epoch = epoch, .owed = {}, .dead = {dead("hooks", "HTTP 400", 400)}},
+        };
+    };
+    const auto state = [&] {
+        return db.query("SELECT concat_ws(' | ', "
+                        "(SELECT string_agg(id || ':' || fanned_out || ':' || available_at, ',' ORDER BY id) FROM {s}.events), "
+                        "(SELECT string_agg(event_id || ':' || destination || ':' || attempts || ':' || available_at "
+                        "|| ':' || coalesce(last_error, '-'), ',' ORDER BY event_id, destination) FROM {s}.deliveries), "
+                        "(SELECT string_agg(id || ':' || coalesce(destination, 'NULL') || ':' || attempts || ':' "
+                        "|| last_error || ':' || coalesce(last_status::text, '-') || ':' || died_at, ',' "
+                        "ORDER BY id, destination) FROM {s}.dead_letters))");
+    };
+    const auto untouched = state();
+
+    // Not at our epoch (an older one, a newer one), or not our cursor: nothing.
+    CHECK(relay.park_window_events(park(cursor->epoch - 1)).empty());
+    CHECK(relay.park_window_events(park(cursor->epoch + 1)).empty());
+    CHECK(other.park_window_events(park(cursor->epoch)).empty());
+    CHECK(state() == untouched);
+
+    CHECK(relay.park_window_events(park(cursor->epoch)) == std::vector<std::int64_t>{owing, all_dead, one_dead});
+    const auto parked = state();
+    CHECK(db.query("SELECT string_agg(id::text, ',') FROM {s}.events WHERE fanned_out") == std::to_string(owing));
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "1");
+    CHECK(db.query("SELECT string_agg(id || ':' || coalesce(destination, 'NULL') || ':' || coalesce(last_status::text, '-'), "
+                   "',' ORDER BY id) FROM {s}.dead_letters") ==
+          fmt::format("{}:audit:410,{}:NULL:-,{}:hooks:400", owing, all_dead, one_dead));
+
+    // The same write again (its answer was lost): nothing changes, not even died_at.
+    CHECK(relay.park_window_events(park(cursor->epoch)).empty());
+    CHECK(state() == parked);
+
+    // Our cursor taken again (a new session of ours): the old epoch parks nothing more.
+    const auto later = db.enqueue(window_event("k"));
+    const auto again = relay.take_cursor("", slot_of(db, "k"));
+    REQUIRE(again);
+    CHECK(relay.park_window_events(std::vector<pg::store::window_park>{
+                                       {.id = later, .epoch = cursor->epoch, .owed = {owed("hooks")}, .dead = {}}})
+              .empty());
+    CHECK(db.query(fmt::format("SELECT fanned_out FROM {{s}}.events WHERE id = {}", later)) == "f");
+    CHECK(relay.park_window_events(std::vector<pg::store::window_park>{
+              {.id = later, .epoch = again->epoch, .owed = {owed("hooks")}, .dead = {}}}) ==
+          std::vector<std::int64_t>{later});
+}
+
+TEST_CASE("windows: cleanup deletes exactly the delivered window events below the oldest cursor") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    const auto fast_key = key_in_new_slot(db, {}, "fast");
+    const auto slow_key = key_in_new_slot(db, {slot_of(db, fast_key)}, "slow");
+    const auto lone_key = key_in_new_slot(db, {slot_of(db, fast_key), slot_of(db, slow_key)}, "lone");
+    const auto fast = relay.take_cursor("", slot_of(db, fast_key));
+    const auto slow = relay.take_cursor("", slot_of(db, slow_key));
+    REQUIRE(fast);
+    REQUIRE(slow);
+
+    const auto old_fast = db.enqueue(window_event(fast_key));
+    const auto old_slow = db.enqueue(window_event(slow_key));
+    const auto old_fast2 = db.enqueue(window_event(fast_key));
+    const auto no_cursor = db.enqueue(window_event(lone_key));  // its slot has no cursor: nobody read it
+    const auto pre_migration = db.enqueue(window_event(fast_key));
+    (void)db.query(fmt::format("UPDATE {{s}}.events SET txid = NULL WHERE id = {} RETURNING 1", pre_migration));
+    const auto fanned = db.enqueue(window_event(fast_key));
+    REQUIRE(relay.park_window_events(std::vector<pg::store::window_park>{
+                {.id = fanned, .epoch = fast->epoch, .owed = {owed("hooks", 1, "HTTP 503")}, .dead = {}}}) ==
+            std::vector<std::int64_t>{fanned});
+    // "Every transaction below the next xid has ended": true here, and unlike
+    // a snapshot taken now, not held back by someone else's transaction
+    // (autovacuum's) that happens to be running.
+    const auto ended_before_now = [&] {
+        const auto next = snapshot_xmax(snapshot_now(*db.admin));
+        return fmt::format("{}:{}:", next, next);
+    };
+    const auto s1 = ended_before_now();
+    const auto new_fast = db.enqueue(window_event(fast_key));
+    const auto new_slow = db.enqueue(window_event(slow_key));
+    const auto s2 = ended_before_now();
+
+    const auto left = [&] { return db.query("SELECT string_agg(id::text, ',' ORDER BY id) FROM {s}.events"); };
+    const auto ids = [](std::initializer_list<std::int64_t> l) {
+        std::vector<std::string> out;
+        for (const auto id : l) out.push_back(std::to_string(id));
+        return fmt::format("{}", fmt::join(out, ","));
+    };
+    // The cursors at their beginning: nothing is delivered yet.
+    CHECK(relay.cleanup_window_events(100) == 0);
+
+    // Both cursors past the old events, the fast one also past the new ones.
+    REQUIRE(relay.checkpoint_cursor("", slot_of(db, fast_key), fast->epoch, s2, std::nullopt, 0));
+    REQUIRE(relay.checkpoint_cursor("", slot_of(db, slow_key), slow->epoch, s1, std::nullopt, 0));
+    // In batches: one, then the rest.
+    CHECK(relay.cleanup_window_events(1) == 1);
+    CHECK(relay.cleanup_window_events(100) == 2);
+    CHECK(relay.cleanup_window_events(100) == 0);
+    CHECK(left() == ids({no_cursor, pre_migration, fanned, new_fast, new_slow}));
+
+    // The lagging cursor catches up: the new events go too.
+    REQUIRE(relay.checkpoint_cursor("", slot_of(db, slow_key), slow->epoch, s2, std::nullopt, 0));
+    CHECK(relay.cleanup_window_events(100) == 2);
+    CHECK(left() == ids({no_cursor, pre_migration, fanned}));
+    (void)old_fast;
+    (void)old_slow;
+    (void)old_fast2;
+}
+
+TEST_CASE("windows: a dead relay's cursors are unowned by the takeover, and its late park writes nothing") {
+    installed db("win");
+    auto a = db.store("relay-a");
+    a.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    auto b = db.store("relay-b");
+    b.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    const auto e = db.enqueue(window_event("k"));
+    const auto mine = a.take_cursor("", slot_of(db, "k"));
+    const auto other = a.take_cursor("", (slot_of(db, "k") + 1) % 64);
+    REQUIRE(mine);
+    REQUIRE(other);
+
+    // Alive: nothing taken over.
+    for (int i = 0; i < 3; ++i) CHECK(b.take_over_dead_relays().cursors == 0);
+    CHECK(db.query("SELECT count(*) FROM {s}.cursors WHERE owner = 'relay-a'") == "2");
+
+    a.disconnect();  // as a kill -9 would
+    pg::store::takeover t;
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (t.relays.empty() && std::chrono::steady_clock::now() < deadline) {
+        t = b.take_over_dead_relays();
+        if (t.relays.empty()) std::this_thread::sleep_for(10ms);
+    }
+    CHECK(t.relays == std::vector<std::string>{"relay-a"});
+    CHECK(t.cursors == 2);
+    CHECK(db.query("SELECT count(*) || ' ' || count(owner) || ' ' || sum(epoch) FROM {s}.cursors") ==
+          fmt::format("2 0 {}", mine->epoch + other->epoch));
+
+    // relay-a was not quite dead: its park at its old epoch is fenced out.
+    CHECK(a.park_window_events(std::vector<pg::store::window_park>{
+                                   {.id = e, .epoch = mine->epoch, .owed = {owed("hooks")}, .dead = {}}})
+              .empty());
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries") == "0");
+    const auto taken = b.take_cursor("", slot_of(db, "k"));
+    REQUIRE(taken);
+    CHECK(taken->epoch == mine->epoch + 1);
+}
