@@ -1158,7 +1158,8 @@ ORDER BY e.id;
 -- (register_relay only tries it). A live relay's lock is only tried, never
 -- waited for. No row: the cursor belongs to a live relay.
 INSERT INTO :"schema".cursors AS c (destination, slot, snap_a, owner, epoch, system_identifier)
-VALUES ($1, $2, pg_current_snapshot(), $3, 1, (SELECT system_identifier FROM pg_control_system()))
+VALUES ($1, $2, CASE WHEN $1 = '' THEN '1:1:'::pg_snapshot ELSE pg_current_snapshot() END, $3, 1,
+        (SELECT system_identifier FROM pg_control_system()))
 ON CONFLICT (destination, slot) DO UPDATE
 SET owner = excluded.owner, epoch = c.epoch + 1
 WHERE c.owner IS NULL OR c.owner = excluded.owner
