@@ -767,3 +767,40 @@ TEST_CASE("windows: a dead relay's cursors are unowned by the takeover, and its 
     REQUIRE(taken);
     CHECK(taken->epoch == mine->epoch + 1);
 }
+
+TEST_CASE("windows: a park that meets its cursor being taken waits for the take, and is fenced out by it") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    const auto e = db.enqueue(window_event("k"));
+    const auto cursor = relay.take_cursor("", slot_of(db, "k"));
+    REQUIRE(cursor);
+
+    // Another relay moves the cursor (what take_cursor writes), not committed yet.
+    auto taker = testing::connect();
+    pqxx::work take(*taker);
+    take.exec(fmt::format("UPDATE {}.cursors SET owner = 'relay-b', epoch = epoch + 1 WHERE destination = '' "
+                          "AND slot = {}",
+                          db.schema.q(), slot_of(db, "k")));
+
+    std::vector<std::int64_t> written{-1};
+    std::thread parking([&] {
+        written = relay.park_window_events(std::vector<pg::store::window_park>{
+            {.id = e, .epoch = cursor->epoch, .owed = {owed("hooks")}, .dead = {}}});
+    });
+    // The park waits on the cursor's row...
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    bool waiting = false;
+    while (!waiting && std::chrono::steady_clock::now() < deadline) {
+        waiting = db.query("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND backend_type = 'client backend' AND datname = current_database()") == "1";
+        if (!waiting) std::this_thread::sleep_for(10ms);
+    }
+    CHECK(waiting);
+    // ... and once the take commits, writes nothing: the cursor is no longer ours.
+    take.commit();
+    parking.join();
+    CHECK(written.empty());
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries") == "0");
+    CHECK(db.query(fmt::format("SELECT fanned_out FROM {{s}}.events WHERE id = {}", e)) == "f");
+}
