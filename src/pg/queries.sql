@@ -1278,26 +1278,28 @@ SELECT id FROM fenced ORDER BY id;
 -- params: batch
 -- Deletes up to `batch` delivered window events (docs/windows-in-the-relay.md,
 -- "Cleanup"): an event read from a window and delivered everywhere leaves
--- no trace but the cursor's move past it. Delivered = committed before the
--- xmin of the checkpointed A of its slot's cursor ('') and not fanned out
--- (a parked event is deleted by delete_finished_events). The range is
--- bounded by the oldest such A of all cursors, so the read stays a range of
--- events_txid_idx and a lagging cursor holds back everything above it; an
--- event whose slot has no cursor is never deleted (nobody has read it).
--- Rows from before windows (txid NULL) are never in the range. Returns how
--- many were deleted; run until it deletes fewer than `batch`.
+-- no trace but the cursors' move past it. Delivered = committed before the
+-- xmin of the checkpointed A of every slot's cursor ('') and not fanned out
+-- (a parked event is deleted by delete_finished_events). A slot without a
+-- cursor counts as one at the beginning (take_cursor creates it there), so
+-- nothing is deleted until all 64 exist: an event of a slot nobody has read
+-- is never deleted, and a lagging cursor holds back everything above it.
+-- Rows from before windows (txid NULL) are never in the range. In txid
+-- order, so the read is a range of events_txid_idx that stops at `batch`
+-- rows (a bitmap scan of the whole range cost 13-20 ms a batch of 1,000 on
+-- 200,000 delivered events, the ordered scan under 1 ms); deleted by ctid.
+-- Returns how many were deleted; run until it deletes fewer than `batch`.
 WITH gone AS (
     DELETE FROM :"schema".events e
-    WHERE e.id IN (
-        SELECT w.id
+    WHERE e.ctid = ANY (ARRAY(
+        SELECT w.ctid
         FROM :"schema".events w
-        JOIN :"schema".cursors c
-          ON c.destination = '' AND c.slot = :"schema".event_slot(w.ordering_key, w.id)
-        WHERE w.txid < (SELECT min(pg_snapshot_xmin(snap_a)) FROM :"schema".cursors WHERE destination = '')
-          AND w.txid < pg_snapshot_xmin(c.snap_a)
+        WHERE w.txid < (SELECT min(pg_snapshot_xmin(c.snap_a)) FROM :"schema".cursors c
+                        WHERE c.destination = '' HAVING count(*) = 64)
           AND NOT w.fanned_out
+        ORDER BY w.txid
         LIMIT $1
-        FOR UPDATE OF w SKIP LOCKED)
+        FOR UPDATE OF w SKIP LOCKED))
     RETURNING e.id
 )
 SELECT count(*) AS deleted FROM gone;

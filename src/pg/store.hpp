@@ -275,7 +275,7 @@ public:
     // (park_window_events in queries.sql), fenced by each event's cursor.
     // Returns the ids written; writing the same parks again writes nothing.
     [[nodiscard]] std::vector<std::int64_t> park_window_events(std::span<const window_park> parks);
-    // Deletes up to `batch` delivered window events below their slot's
+    // Deletes up to `batch` delivered window events, below every slot's
     // cursor (cleanup_window_events in queries.sql). Returns how many.
     std::size_t cleanup_window_events(std::size_t batch);
 

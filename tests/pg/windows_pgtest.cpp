@@ -676,21 +676,27 @@ TEST_CASE("windows: cleanup deletes exactly the delivered window events below th
     const auto fast_key = key_in_new_slot(db, {}, "fast");
     const auto slow_key = key_in_new_slot(db, {slot_of(db, fast_key)}, "slow");
     const auto lone_key = key_in_new_slot(db, {slot_of(db, fast_key), slot_of(db, slow_key)}, "lone");
-    const auto fast = relay.take_cursor("", slot_of(db, fast_key));
-    const auto slow = relay.take_cursor("", slot_of(db, slow_key));
-    REQUIRE(fast);
-    REQUIRE(slow);
+    const int slow_slot = slot_of(db, slow_key);
+    const int lone_slot = slot_of(db, lone_key);
+    std::map<int, std::int64_t> epochs;
+    for (int slot = 0; slot < 64; ++slot) {
+        const auto c = relay.take_cursor("", slot);
+        REQUIRE(c);
+        epochs[slot] = c->epoch;
+    }
+    // One slot has no cursor (nobody has read it yet).
+    (void)db.query(fmt::format("DELETE FROM {{s}}.cursors WHERE destination = '' AND slot = {} RETURNING 1", lone_slot));
 
     const auto old_fast = db.enqueue(window_event(fast_key));
     const auto old_slow = db.enqueue(window_event(slow_key));
-    const auto old_fast2 = db.enqueue(window_event(fast_key));
-    const auto no_cursor = db.enqueue(window_event(lone_key));  // its slot has no cursor: nobody read it
+    const auto old_unkeyed = db.enqueue(window_event());
+    const auto old_lone = db.enqueue(window_event(lone_key));
     const auto pre_migration = db.enqueue(window_event(fast_key));
     (void)db.query(fmt::format("UPDATE {{s}}.events SET txid = NULL WHERE id = {} RETURNING 1", pre_migration));
     const auto fanned = db.enqueue(window_event(fast_key));
     REQUIRE(relay.park_window_events(std::vector<pg::store::window_park>{
-                {.id = fanned, .epoch = fast->epoch, .owed = {owed("hooks", 1, "HTTP 503")}, .dead = {}}}) ==
-            std::vector<std::int64_t>{fanned});
+                {.id = fanned, .epoch = epochs.at(slot_of(db, fast_key)), .owed = {owed("hooks", 1, "HTTP 503")},
+                 .dead = {}}}) == std::vector<std::int64_t>{fanned});
     // "Every transaction below the next xid has ended": true here, and unlike
     // a snapshot taken now, not held back by someone else's transaction
     // (autovacuum's) that happens to be running.
@@ -709,25 +715,40 @@ TEST_CASE("windows: cleanup deletes exactly the delivered window events below th
         for (const auto id : l) out.push_back(std::to_string(id));
         return fmt::format("{}", fmt::join(out, ","));
     };
-    // The cursors at their beginning: nothing is delivered yet.
+    const auto everything = left();
+    // The cursors at the beginning: nothing is delivered yet.
     CHECK(relay.cleanup_window_events(100) == 0);
 
-    // Both cursors past the old events, the fast one also past the new ones.
-    REQUIRE(relay.checkpoint_cursor("", slot_of(db, fast_key), fast->epoch, s2, std::nullopt, 0));
-    REQUIRE(relay.checkpoint_cursor("", slot_of(db, slow_key), slow->epoch, s1, std::nullopt, 0));
-    // In batches: one, then the rest.
-    CHECK(relay.cleanup_window_events(1) == 1);
-    CHECK(relay.cleanup_window_events(100) == 2);
+    // Every cursor past all events but the slow one, which is past the old ones only.
+    for (const auto& [slot, epoch] : epochs) {
+        if (slot == lone_slot) continue;
+        REQUIRE(relay.checkpoint_cursor("", slot, epoch, slot == slow_slot ? s1 : s2, std::nullopt, 0));
+    }
+    // A slot without a cursor: nothing goes, its events may be unread.
     CHECK(relay.cleanup_window_events(100) == 0);
-    CHECK(left() == ids({no_cursor, pre_migration, fanned, new_fast, new_slow}));
+    // Its cursor, once created, starts at the beginning: still nothing.
+    const auto lone = relay.take_cursor("", lone_slot);
+    REQUIRE(lone);
+    CHECK(relay.cleanup_window_events(100) == 0);
+    CHECK(left() == everything);
+
+    // Past the old events too: those go, in batches (one, then the rest),
+    // but not the fanned-out one, the one from before the migration, or
+    // those above the slow cursor.
+    REQUIRE(relay.checkpoint_cursor("", lone_slot, lone->epoch, s2, std::nullopt, 0));
+    CHECK(relay.cleanup_window_events(1) == 1);
+    CHECK(relay.cleanup_window_events(100) == 3);
+    CHECK(relay.cleanup_window_events(100) == 0);
+    CHECK(left() == ids({pre_migration, fanned, new_fast, new_slow}));
 
     // The lagging cursor catches up: the new events go too.
-    REQUIRE(relay.checkpoint_cursor("", slot_of(db, slow_key), slow->epoch, s2, std::nullopt, 0));
+    REQUIRE(relay.checkpoint_cursor("", slow_slot, epochs.at(slow_slot), s2, std::nullopt, 0));
     CHECK(relay.cleanup_window_events(100) == 2);
-    CHECK(left() == ids({no_cursor, pre_migration, fanned}));
+    CHECK(left() == ids({pre_migration, fanned}));
     (void)old_fast;
     (void)old_slow;
-    (void)old_fast2;
+    (void)old_unkeyed;
+    (void)old_lone;
 }
 
 TEST_CASE("windows: a dead relay's cursors are unowned by the takeover, and its late park writes nothing") {
