@@ -1,5 +1,6 @@
 // Commit-ordered windows (sql/0009, docs/commit-ordered-windows.md): reading
-// a window, fetching its events, and the fenced cursor. Unprepared for now:
+// a window, fetching its events, the fenced cursor, parking window events in
+// `deliveries` and deleting delivered ones. Unprepared for now:
 // the relay that will run them decides which ones its session prepares.
 #include <algorithm>
 #include <charconv>
