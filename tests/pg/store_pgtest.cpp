@@ -687,7 +687,10 @@ void run_complete_case(const std::string& state_sql) {
         tx.exec(fmt::format("INSERT INTO {}.events (topic, payload) SELECT 't', '{{}}' FROM generate_series(1, {})",
                             db.schema.q(), n));
     };
-    fill(20000);
+    // 100,000 rows: on a small table a sequential scan is the cheaper plan
+    // and the planner may rightly take it; on a large one it must not read
+    // the whole table per batch.
+    fill(100000);
     tx.exec(fmt::format("DELETE FROM {}.events", db.schema.q()));
     tx.exec(fmt::format("{} {}.events", state, db.schema.q()));
     REQUIRE(db.query("SELECT reltuples = 0 AND relpages > 0 FROM pg_class WHERE oid = '{s}.events'::regclass") == "t");
@@ -695,7 +698,7 @@ void run_complete_case(const std::string& state_sql) {
     auto sql = pg::q::complete::text(db.schema.name());
     while (!sql.empty() && (sql.back() == ';' || std::isspace(static_cast<unsigned char>(sql.back())))) sql.pop_back();
     tx.exec("PREPARE complete AS " + sql);
-    fill(20000);
+    fill(100000);
     // 128 of them leased by "a" (attempt 1), as a claim leaves them.
     const auto leased = tx.exec(fmt::format(
         "UPDATE {0}.events SET attempts = 1, lease_owner = 'a', available_at = now() + interval '1 minute' "
@@ -718,7 +721,7 @@ void run_complete_case(const std::string& state_sql) {
         tx.exec("BEGIN");
         const auto text =
             tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE complete(" + args() + ")")[0].as<std::string>();
-        const auto deleted = tx.exec1(fmt::format("SELECT 20000 - count(*) FROM {}.events", db.schema.q()))[0].as<int>();
+        const auto deleted = tx.exec1(fmt::format("SELECT 100000 - count(*) FROM {}.events", db.schema.q()))[0].as<int>();
         tx.exec("ROLLBACK");
         const auto plan = nlohmann::json::parse(text)[0]["Plan"];
         std::vector<std::string> nodes;
