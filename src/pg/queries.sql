@@ -210,12 +210,25 @@ LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC 
 -- connection to. A delivery to a destination the relay does not know
 -- (another relay's, or one added by a newer configuration during a rolling
 -- deploy) is left alone, not failed. :claim_size as in the claim.
+-- Events are looked up by (available_at, id), 'infinity' first: a delivery's
+-- event is parked there (fan_out), and both indexes then find it at once.
+-- By id alone, a plan made while the statistics said a drained outbox was
+-- empty (0 rows on N pages) walked events in id order per delivery, or
+-- scanned the whole claim index (available_at, id) per delivery: 68,000
+-- buffers a claim of 128 (bench/NOTES.md, "Database"). The second branch
+-- runs only for an event not parked (a dead-letter replay revived it and
+-- then one of its deliveries) or gone; it may scan the index's other rows.
+-- Deliveries are leased by the ctid `due` locked, as in the event claim.
 WITH due AS (
-    SELECT d.event_id, d.destination, d.ordering_key
+    SELECT d.event_id, d.destination, d.ordering_key, d.ctid AS tid
     FROM :"schema".deliveries d
     WHERE d.available_at <= now()
       AND d.destination = ANY ($3::text[])
-      AND EXISTS (SELECT 1 FROM :"schema".events owner WHERE owner.id = d.event_id)
+      AND EXISTS (SELECT 1 FROM :"schema".events owner
+                  WHERE owner.available_at = 'infinity' AND owner.id = d.event_id
+                  UNION ALL
+                  SELECT 1 FROM :"schema".events owner
+                  WHERE owner.available_at < 'infinity' AND owner.id = d.event_id)
       AND (d.ordering_key IS NULL OR (
               NOT EXISTS (
                   SELECT 1 FROM :"schema".deliveries other
@@ -244,23 +257,27 @@ held AS (
         WHERE h.until <= now() OR h.event_id = excluded.event_id
     RETURNING h.event_id, h.destination
 ),
-taken AS (
-    SELECT event_id, destination FROM due WHERE ordering_key IS NULL
-    UNION ALL
-    SELECT event_id, destination FROM held
-),
 claimed AS (
     UPDATE :"schema".deliveries d
     SET attempts = d.attempts + 1,
         lease_owner = $1,
         available_at = now() + $2 * interval '1 millisecond'
-    WHERE d.event_id = ANY (ARRAY(SELECT event_id FROM taken))
-      AND (d.event_id, d.destination) IN (SELECT event_id, destination FROM taken)
+    WHERE d.ctid = ANY (ARRAY(SELECT tid FROM due WHERE ordering_key IS NULL
+                              UNION ALL
+                              SELECT due.tid FROM due
+                              JOIN held ON held.event_id = due.event_id AND held.destination = due.destination))
     RETURNING d.event_id, d.destination, d.attempts
 )
-SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attempts, c.destination,
-       (extract(epoch FROM now() - e.created_at) * 1000000)::bigint AS age_us
-FROM claimed c JOIN :"schema".events e ON e.id = c.event_id;
+SELECT e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, c.attempts,
+       c.destination, (extract(epoch FROM now() - e.created_at) * 1000000)::bigint AS age_us
+FROM claimed c
+CROSS JOIN LATERAL (
+    (SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers, e.created_at
+     FROM :"schema".events e WHERE e.available_at = 'infinity' AND e.id = c.event_id
+     UNION ALL
+     SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers, e.created_at
+     FROM :"schema".events e WHERE e.available_at < 'infinity' AND e.id = c.event_id)
+    LIMIT 1) e;
 
 -- name: complete
 -- params: ids, attempts, owner, tids

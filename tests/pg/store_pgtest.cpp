@@ -808,10 +808,10 @@ void run_claim_deliveries_case(const std::string& state) {
         CAPTURE(fmt::format("\n{}", fmt::join(nodes, "\n")));
         CHECK(leased == 128);
         CHECK(plan.value("Actual Rows", 0.0) == 128);
-        // 128 deliveries, their events and index entries: ~1,000 buffers.
-        // Each scan of a whole index of events is ~80 more, each walk of
-        // events in id order up to a parked event ~260.
-        CHECK(buffers_of(plan) <= 2000);
+        // 128 deliveries, their events and index entries: ~2,100 buffers,
+        // as with true statistics. Each scan of a whole index of events is
+        // ~80 more, each walk of events in id order up to a parked one ~260.
+        CHECK(buffers_of(plan) <= 3000);
         CHECK(rows_removed(plan) <= 1000);
     }
 }
