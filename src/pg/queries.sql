@@ -210,12 +210,25 @@ LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC 
 -- connection to. A delivery to a destination the relay does not know
 -- (another relay's, or one added by a newer configuration during a rolling
 -- deploy) is left alone, not failed. :claim_size as in the claim.
+-- Events are looked up by (available_at, id), 'infinity' first: a delivery's
+-- event is parked there (fan_out), and both indexes then find it at once.
+-- By id alone, a plan made while the statistics said a drained outbox was
+-- empty (0 rows on N pages) walked events in id order per delivery, or
+-- scanned the whole claim index (available_at, id) per delivery: 68,000
+-- buffers a claim of 128 (bench/NOTES.md, "Database"). The second branch
+-- runs only for an event not parked (a dead-letter replay revived it and
+-- then one of its deliveries) or gone; it may scan the index's other rows.
+-- Deliveries are leased by the ctid `due` locked, as in the event claim.
 WITH due AS (
-    SELECT d.event_id, d.destination, d.ordering_key
+    SELECT d.event_id, d.destination, d.ordering_key, d.ctid AS tid
     FROM :"schema".deliveries d
     WHERE d.available_at <= now()
       AND d.destination = ANY ($3::text[])
-      AND EXISTS (SELECT 1 FROM :"schema".events owner WHERE owner.id = d.event_id)
+      AND EXISTS (SELECT 1 FROM :"schema".events owner
+                  WHERE owner.available_at = 'infinity' AND owner.id = d.event_id
+                  UNION ALL
+                  SELECT 1 FROM :"schema".events owner
+                  WHERE owner.available_at < 'infinity' AND owner.id = d.event_id)
       AND (d.ordering_key IS NULL OR (
               NOT EXISTS (
                   SELECT 1 FROM :"schema".deliveries other
@@ -244,23 +257,27 @@ held AS (
         WHERE h.until <= now() OR h.event_id = excluded.event_id
     RETURNING h.event_id, h.destination
 ),
-taken AS (
-    SELECT event_id, destination FROM due WHERE ordering_key IS NULL
-    UNION ALL
-    SELECT event_id, destination FROM held
-),
 claimed AS (
     UPDATE :"schema".deliveries d
     SET attempts = d.attempts + 1,
         lease_owner = $1,
         available_at = now() + $2 * interval '1 millisecond'
-    WHERE d.event_id = ANY (ARRAY(SELECT event_id FROM taken))
-      AND (d.event_id, d.destination) IN (SELECT event_id, destination FROM taken)
+    WHERE d.ctid = ANY (ARRAY(SELECT tid FROM due WHERE ordering_key IS NULL
+                              UNION ALL
+                              SELECT due.tid FROM due
+                              JOIN held ON held.event_id = due.event_id AND held.destination = due.destination))
     RETURNING d.event_id, d.destination, d.attempts
 )
-SELECT e.id, e.topic, e.ordering_key, e.payload::text, e.headers::text, c.attempts, c.destination,
-       (extract(epoch FROM now() - e.created_at) * 1000000)::bigint AS age_us
-FROM claimed c JOIN :"schema".events e ON e.id = c.event_id;
+SELECT e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, c.attempts,
+       c.destination, (extract(epoch FROM now() - e.created_at) * 1000000)::bigint AS age_us
+FROM claimed c
+CROSS JOIN LATERAL (
+    (SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers, e.created_at
+     FROM :"schema".events e WHERE e.available_at = 'infinity' AND e.id = c.event_id
+     UNION ALL
+     SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers, e.created_at
+     FROM :"schema".events e WHERE e.available_at < 'infinity' AND e.id = c.event_id)
+    LIMIT 1) e;
 
 -- name: complete
 -- params: ids, attempts, owner, tids
@@ -290,15 +307,27 @@ WITH gone AS (
 )
 SELECT id FROM gone;
 
+-- name: event_tid
+-- params: id
+-- Where an event's row is, for an outcome whose caller does not know it
+-- (the relay always does: the claim returned it). By id: the lookup that
+-- the statements below avoid.
+SELECT ctid::text AS tid FROM :"schema".events WHERE id = $1;
+
 -- name: reschedule
--- params: id, attempt, owner, delay_ms, error
--- Failed, to be retried after delay_ms. Fenced like `complete`.
+-- params: id, attempt, owner, delay_ms, error, tid
+-- Failed, to be retried after delay_ms. Fenced like `complete`, and found
+-- like it by the ctid the claim returned (tid; NULL: not found, fenced out):
+-- `id + 0`, so that no index offers another way to the row than the TID scan.
+-- By id, planned while the statistics said a drained outbox was empty, it
+-- scanned the whole claim index; so did every statement below that ends one
+-- event's lease (bench/NOTES.md, "Database").
 WITH retried AS (
     UPDATE :"schema".events
     SET available_at = now() + $4 * interval '1 millisecond',
         last_error = $5,
         lease_owner = NULL
-    WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+    WHERE ctid = $6::tid AND id + 0 = $1 AND attempts = $2 AND lease_owner = $3
     RETURNING id, ordering_key
 ), unheld AS (
     DELETE FROM :"schema".key_holds h
@@ -308,8 +337,9 @@ WITH retried AS (
 SELECT id FROM retried;
 
 -- name: bury
--- params: id, attempt, owner, error, status, response_excerpt
--- Failed for good: moved to dead letters in one statement. Fenced like `complete`.
+-- params: id, attempt, owner, error, status, response_excerpt, tid
+-- Failed for good: moved to dead letters in one statement. Fenced and found
+-- like `reschedule`.
 -- An id can die twice (its event re-inserted under the same id, an outbox
 -- restored with an older id sequence): the newer death replaces the older
 -- dead letter. It is what the row leaving `events` holds, so it must not be
@@ -317,7 +347,7 @@ SELECT id FROM retried;
 -- retention. Failing instead would fail the relay's whole outcome batch.
 WITH gone AS (
     DELETE FROM :"schema".events
-    WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+    WHERE ctid = $7::tid AND id + 0 = $1 AND attempts = $2 AND lease_owner = $3
     RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts
 ), unheld AS (
     DELETE FROM :"schema".key_holds h
@@ -395,15 +425,17 @@ UNION ALL
 SELECT event_id FROM deliveries_released;
 
 -- name: fan_out
--- params: id, attempt, owner
+-- params: id, attempt, owner, tid
 -- Some destination failed (or the event's key has deliveries waiting): park
 -- the event and let each destination it still owes carry its own state from
--- here. Fenced like `complete`; the rows to write follow in
--- fan_out_deliveries and fan_out_dead, in the same transaction.
+-- here. Fenced and found like `reschedule`; the rows to write follow in
+-- fan_out_deliveries and fan_out_dead, in the same transaction. A parked
+-- event is found by (available_at, id) = ('infinity', id): from there on,
+-- both indexes find it at once, whatever the statistics say.
 WITH parked AS (
     UPDATE :"schema".events
     SET fanned_out = true, available_at = 'infinity', lease_owner = NULL
-    WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+    WHERE ctid = $4::tid AND id + 0 = $1 AND attempts = $2 AND lease_owner = $3
     RETURNING id, ordering_key
 ), unheld AS (
     DELETE FROM :"schema".key_holds h
@@ -420,7 +452,7 @@ INSERT INTO :"schema".deliveries (event_id, destination, ordering_key, available
 SELECT e.id, d.destination, e.ordering_key, now() + d.due_ms * interval '1 millisecond', d.attempts, d.error
 FROM :"schema".events e,
      unnest($2::text[], $3::bigint[], $4::integer[], $5::text[]) AS d(destination, due_ms, attempts, error)
-WHERE e.id = $1
+WHERE e.available_at = 'infinity' AND e.id = $1
 ON CONFLICT (event_id, destination) DO NOTHING;
 
 -- name: fan_out_dead
@@ -433,7 +465,7 @@ INSERT INTO :"schema".dead_letters
      last_error, last_status, response_excerpt, destination)
 SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, $3, $4, $5, $6, $2
 FROM :"schema".events
-WHERE id = $1
+WHERE available_at = 'infinity' AND id = $1
 ON CONFLICT (id, destination) DO UPDATE
     SET topic = excluded.topic, ordering_key = excluded.ordering_key, payload = excluded.payload,
         headers = excluded.headers, idempotency_key = excluded.idempotency_key,
@@ -445,7 +477,8 @@ ON CONFLICT (id, destination) DO UPDATE
 -- Taken (in id order, so two relays cannot deadlock) before finishing
 -- deliveries of these events: the relay that finishes the last delivery of
 -- an event is then sure to see that it was the last, and deletes the event.
-SELECT id FROM :"schema".events WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE;
+-- Only parked events (see fan_out) are ever deleted so.
+SELECT id FROM :"schema".events WHERE available_at = 'infinity' AND id = ANY($1::bigint[]) ORDER BY id FOR UPDATE;
 
 -- name: complete_deliveries
 -- params: ids, destinations, attempts, owner
@@ -513,9 +546,9 @@ SELECT event_id FROM gone;
 
 -- name: delete_finished_events
 -- params: ids
--- Fanned-out events whose last delivery is done.
+-- Fanned-out events whose last delivery is done (parked: see fan_out).
 DELETE FROM :"schema".events e
-WHERE e.id = ANY($1::bigint[])
+WHERE e.available_at = 'infinity' AND e.id = ANY($1::bigint[])
   AND e.fanned_out
   AND NOT EXISTS (SELECT 1 FROM :"schema".deliveries d WHERE d.event_id = e.id)
 RETURNING e.id;
@@ -937,18 +970,18 @@ WHERE (event_id, destination) = (
     LIMIT 1);
 
 -- name: hand_back
--- params: id, attempt, owner, delay_ms
+-- params: id, attempt, owner, delay_ms, tid
 -- Claimed but never sent (it waited too long for a delivery slot, or the
 -- relay is shutting down before sending it): back to the outbox, due after
 -- delay_ms, and the claim's attempt is taken back, so that attempts count
--- requests actually sent. Fenced like `complete`; nothing was sent under
--- this attempt, so no outcome can arrive for it later.
+-- requests actually sent. Fenced and found like `reschedule`; nothing was
+-- sent under this attempt, so no outcome can arrive for it later.
 WITH returned AS (
     UPDATE :"schema".events
     SET available_at = now() + $4 * interval '1 millisecond',
         lease_owner = NULL,
         attempts = attempts - 1
-    WHERE id = $1 AND attempts = $2 AND lease_owner = $3
+    WHERE ctid = $5::tid AND id + 0 = $1 AND attempts = $2 AND lease_owner = $3
     RETURNING id, ordering_key
 ), unheld AS (
     DELETE FROM :"schema".key_holds h

@@ -144,14 +144,30 @@ std::vector<std::int64_t> store::complete(std::span<const lease_ref> delivered) 
     });
 }
 
+namespace {
+
+// Where the leased row is: as the claim returned it, or (for a caller that
+// does not know it) looked up by id. NULL if the row is gone: fenced out.
+template <typename Queries>
+std::optional<std::string> tid_of(pqxx::transaction_base& tx, const Queries& queries, const lease_ref& e) {
+    if (!e.tid.empty()) return e.tid;
+    const auto r = exec_params(tx, queries, q::event_tid::args{.id = e.id});
+    if (r.empty()) return std::nullopt;
+    return std::string(r[0][q::event_tid::col::tid].c_str());
+}
+
+}  // namespace
+
 bool store::reschedule(lease_ref e, std::chrono::milliseconds delay, std::string_view error) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
+        const auto tid = tid_of(tx, queries_, e);
         return run(tx, q::reschedule::args{.id = e.id,
                                            .attempt = e.attempt,
                                            .owner = owner_,
                                            .delay_ms = static_cast<long long>(delay.count()),
-                                           .error = sanitize_text(error, max_error_bytes)})
+                                           .error = sanitize_text(error, max_error_bytes),
+                                           .tid = nullable(tid)})
                    .size() == 1;
     });
 }
@@ -159,13 +175,15 @@ bool store::reschedule(lease_ref e, std::chrono::milliseconds delay, std::string
 bool store::bury(lease_ref e, std::string_view error, std::optional<int> status, std::string_view response_excerpt) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
+        const auto tid = tid_of(tx, queries_, e);
         const auto status_param = status_text(status);
         return run(tx, q::bury::args{.id = e.id,
                                      .attempt = e.attempt,
                                      .owner = owner_,
                                      .error = sanitize_text(error, max_error_bytes),
                                      .status = nullable(status_param),
-                                     .response_excerpt = sanitize_text(response_excerpt, max_error_bytes)})
+                                     .response_excerpt = sanitize_text(response_excerpt, max_error_bytes),
+                                     .tid = nullable(tid)})
                    .size() == 1;
     });
 }
@@ -173,7 +191,8 @@ bool store::bury(lease_ref e, std::string_view error, std::optional<int> status,
 bool store::fan_out(lease_ref e, std::span<const owed_delivery> owed, std::span<const dead_delivery> dead) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::work tx(c);
-        if (run(tx, q::fan_out::args{.id = e.id, .attempt = e.attempt, .owner = owner_}).empty()) {
+        const auto tid = tid_of(tx, queries_, e);
+        if (run(tx, q::fan_out::args{.id = e.id, .attempt = e.attempt, .owner = owner_, .tid = nullable(tid)}).empty()) {
             return false;  // fenced out
         }
         if (!owed.empty()) {
@@ -372,10 +391,12 @@ std::size_t store::release_one_waiting_delivery(const std::string& destination) 
 bool store::hand_back(lease_ref e, std::chrono::milliseconds delay) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
+        const auto tid = tid_of(tx, queries_, e);
         return run(tx, q::hand_back::args{.id = e.id,
                                           .attempt = e.attempt,
                                           .owner = owner_,
-                                          .delay_ms = static_cast<long long>(delay.count())})
+                                          .delay_ms = static_cast<long long>(delay.count()),
+                                          .tid = nullable(tid)})
                    .size() == 1;
     });
 }
