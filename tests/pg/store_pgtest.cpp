@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <set>
 #include <thread>
@@ -540,6 +541,16 @@ void walk(const nlohmann::json& plan, double& most, std::vector<std::string>& no
 
 }  // namespace
 
+namespace {
+
+// A statement's text as PREPARE ... AS takes it: no trailing semicolon.
+std::string without_semicolon(std::string sql) {
+    while (!sql.empty() && (sql.back() == ';' || std::isspace(static_cast<unsigned char>(sql.back())))) sql.pop_back();
+    return sql;
+}
+
+}  // namespace
+
 TEST_CASE("the claims' generic plans, made while the outbox was small, never read the whole backlog") {
     // The relay plans each claim once, at its first use (usually at startup,
     // with whatever statistics the outbox had then), and that plan serves a
@@ -570,10 +581,7 @@ TEST_CASE("the claims' generic plans, made while the outbox was small, never rea
         // Server-side prepared statements, planned now (libpqxx would
         // prepare lazily, at the first exec_prepared).
         auto prepare = [&](const std::string& name, std::string sql) {
-            while (!sql.empty() && (sql.back() == ';' || std::isspace(static_cast<unsigned char>(sql.back())))) {
-                sql.pop_back();
-            }
-            tx.exec("PREPARE " + name + " AS " + sql);
+            tx.exec("PREPARE " + name + " AS " + without_semicolon(std::move(sql)));
             tx.exec("EXPLAIN EXECUTE " + name +
                     (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
         };
@@ -612,7 +620,25 @@ double rows_removed(const nlohmann::json& plan) {
 }
 
 // Every node with its buffers, for the failure message.
-void list_buffers(const nlohmann::json& plan, std::vector<std::string>& nodes, int depth = 0) {
+void list_buffers(const nlohmann::json& plan, std::vector<std::string>& nodes, int depth = 0);
+
+// The plan's nodes, one a line, for CAPTURE.
+std::string plan_nodes(const nlohmann::json& plan) {
+    std::vector<std::string> nodes;
+    list_buffers(plan, nodes);
+    return fmt::format("\n{}", fmt::join(nodes, "\n"));
+}
+
+// Runs `run` in a subcase for each way a drained outbox comes to have
+// statistics of 0 rows on N pages: a VACUUM that cannot truncate it, an ANALYZE.
+void in_each_drained_state(const std::function<void(const std::string&)>& run) {
+    const std::string states[] = {"VACUUM (TRUNCATE false)", "ANALYZE"};
+    for (const auto& each : states) {
+        SUBCASE(each.c_str()) { run(each); }
+    }
+}
+
+void list_buffers(const nlohmann::json& plan, std::vector<std::string>& nodes, int depth) {
     nodes.push_back(fmt::format("{}{}{}{} ({} buffers)", std::string(static_cast<std::size_t>(depth) * 2, ' '),
                                 plan.value("Node Type", ""),
                                 plan.contains("Index Name") ? " using " + plan["Index Name"].get<std::string>() : "",
@@ -650,10 +676,7 @@ TEST_CASE("the claims' generic plans, made while the statistics say the outbox i
     tx.exec(fmt::format("VACUUM (TRUNCATE false) {}.events", db.schema.q()));
     REQUIRE(db.query("SELECT reltuples = 0 AND relpages > 0 FROM pg_class WHERE oid = '{s}.events'::regclass") == "t");
     auto prepare = [&](const std::string& name, std::string sql) {
-        while (!sql.empty() && (sql.back() == ';' || std::isspace(static_cast<unsigned char>(sql.back())))) {
-            sql.pop_back();
-        }
-        tx.exec("PREPARE " + name + " AS " + sql);
+        tx.exec("PREPARE " + name + " AS " + without_semicolon(std::move(sql)));
         tx.exec("EXPLAIN EXECUTE " + name +
                 (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
     };
@@ -667,9 +690,8 @@ TEST_CASE("the claims' generic plans, made while the statistics say the outbox i
         CAPTURE(execute);
         const auto text = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute)[0].as<std::string>();
         const auto plan = nlohmann::json::parse(text)[0]["Plan"];
-        std::vector<std::string> nodes;
-        list_buffers(plan, nodes);
-        CAPTURE(fmt::format("\n{}", fmt::join(nodes, "\n")));
+        const auto nodes = plan_nodes(plan);
+        CAPTURE(nodes);
         // The 128 rows, their index entries old and new, the scan to them:
         // ~1,000 buffers. Each scan of the whole claim index is ~80 more.
         CHECK(buffers_of(plan) <= 2000);
@@ -695,9 +717,7 @@ void run_complete_case(const std::string& state_sql) {
     tx.exec(fmt::format("{} {}.events", state, db.schema.q()));
     REQUIRE(db.query("SELECT reltuples = 0 AND relpages > 0 FROM pg_class WHERE oid = '{s}.events'::regclass") == "t");
     for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
-    auto sql = pg::q::complete::text(db.schema.name());
-    while (!sql.empty() && (sql.back() == ';' || std::isspace(static_cast<unsigned char>(sql.back())))) sql.pop_back();
-    tx.exec("PREPARE complete AS " + sql);
+    tx.exec("PREPARE complete AS " + without_semicolon(pg::q::complete::text(db.schema.name())));
     fill(100000);
     // 128 of them leased by "a" (attempt 1), as a claim leaves them.
     const auto leased = tx.exec(fmt::format(
@@ -724,9 +744,8 @@ void run_complete_case(const std::string& state_sql) {
         const auto deleted = tx.exec1(fmt::format("SELECT 100000 - count(*) FROM {}.events", db.schema.q()))[0].as<int>();
         tx.exec("ROLLBACK");
         const auto plan = nlohmann::json::parse(text)[0]["Plan"];
-        std::vector<std::string> nodes;
-        list_buffers(plan, nodes);
-        CAPTURE(fmt::format("\n{}", fmt::join(nodes, "\n")));
+        const auto nodes = plan_nodes(plan);
+        CAPTURE(nodes);
         CHECK(deleted == 128);
         // The 128 rows and their index entries: a few hundred buffers, and
         // no row read to be thrown away (the trap read every row of the
@@ -746,11 +765,7 @@ TEST_CASE("complete, planned while the statistics say the outbox is empty but it
     // delivered id up in the claim index (available_at, id), one scan of the
     // whole index per row, and a batch of thousands ran into the statement
     // timeout, so that nothing was recorded and every event went out again.
-    // The two ways a drained outbox gets there: a VACUUM that cannot truncate, an ANALYZE.
-    std::string states[] = {"VACUUM (TRUNCATE false)", "ANALYZE"};
-    for (const auto& each : states) {
-        SUBCASE(each.c_str()) { run_complete_case(each); }
-    }
+    in_each_drained_state(run_complete_case);
 }
 
 namespace {
@@ -768,11 +783,6 @@ void drain_and_leave_pages(pqxx::nontransaction& tx, installed& db, const std::s
     tx.exec(fmt::format("{} {}.deliveries", state, db.schema.q()));
     REQUIRE(db.query("SELECT bool_and(reltuples = 0 AND relpages > 0) FROM pg_class "
                      "WHERE oid IN ('{s}.events'::regclass, '{s}.deliveries'::regclass)") == "t");
-}
-
-std::string without_semicolon(std::string sql) {
-    while (!sql.empty() && (sql.back() == ';' || std::isspace(static_cast<unsigned char>(sql.back())))) sql.pop_back();
-    return sql;
 }
 
 void run_claim_deliveries_case(const std::string& state) {
@@ -806,9 +816,8 @@ void run_claim_deliveries_case(const std::string& state) {
                 .as<int>();
         tx.exec("ROLLBACK");
         const auto plan = nlohmann::json::parse(text)[0]["Plan"];
-        std::vector<std::string> nodes;
-        list_buffers(plan, nodes);
-        CAPTURE(fmt::format("\n{}", fmt::join(nodes, "\n")));
+        const auto nodes = plan_nodes(plan);
+        CAPTURE(nodes);
         CHECK(leased == 128);
         CHECK(plan.value("Actual Rows", 0.0) == 128);
         // 128 deliveries, their events and index entries: ~2,100 buffers,
@@ -827,10 +836,7 @@ TEST_CASE("claim_deliveries, planned while the statistics say the outbox is empt
     // that state a plan walked every event in id order per delivery (the
     // check that the event exists, and the join that returns it), or
     // scanned the whole claim index per row.
-    std::string states[] = {"VACUUM (TRUNCATE false)", "ANALYZE"};
-    for (const auto& each : states) {
-        SUBCASE(each.c_str()) { run_claim_deliveries_case(each); }
-    }
+    in_each_drained_state(run_claim_deliveries_case);
 }
 
 namespace {
@@ -909,9 +915,8 @@ void run_single_row_case(const std::string& state) {
             const auto did = tx.exec1(c.check)[0].as<int>();
             tx.exec("ROLLBACK");
             const auto plan = nlohmann::json::parse(explained)[0]["Plan"];
-            std::vector<std::string> nodes;
-            list_buffers(plan, nodes);
-            CAPTURE(fmt::format("\n{}", fmt::join(nodes, "\n")));
+            const auto nodes = plan_nodes(plan);
+            CAPTURE(nodes);
             CHECK(did == 1);
             // One row, its index entries, the key hold, a dead letter: a few
             // dozen buffers. A scan of the whole claim index is ~780.
@@ -928,10 +933,7 @@ TEST_CASE("the single-row outcome statements, planned while the statistics say t
     // As `complete` above: looked up by id, in that state each used the
     // claim index (available_at, id), where id is not the leading column:
     // a scan of the whole index per statement.
-    std::string states[] = {"VACUUM (TRUNCATE false)", "ANALYZE"};
-    for (const auto& each : states) {
-        SUBCASE(each.c_str()) { run_single_row_case(each); }
-    }
+    in_each_drained_state(run_single_row_case);
 }
 
 TEST_CASE("transactions_in_progress: a transaction that began after the last one completed is in progress too") {
