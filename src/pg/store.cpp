@@ -102,13 +102,6 @@ void store::set_up(pqxx::connection& c) {
     if (bound_to_session_) register_session(c);
 }
 
-// Claims are planned once and the plan serves whatever comes later, so it
-// must not depend on the table being small when it was made. Each claim has
-// an index that yields its rows in claim order; these settings price the
-// other ways (a seq scan or a bitmap scan of every due row, then a sort) out
-// of reach, though not out of existence. See the pg test "the claims'
-// generic plans ...". Not enable_sort = off, which made the claim's UPDATE
-// far slower (bench/NOTES.md, "Database").
 // synchronous_commit: see the constructor's comment. Not enable_seqscan =
 // off: the outcome session's other statements (fan-outs, deliveries, key
 // holds) then took plans that made a keyed run with retries 8x slower
@@ -117,31 +110,19 @@ void store::set_up(pqxx::connection& c) {
 // is large enough for the choice to matter.
 std::vector<std::string> store::relay_session_settings() { return {"SET synchronous_commit = off"}; }
 
+// Claims are planned once and the plan serves whatever comes later, so it
+// must not depend on the table being small when it was made. Each claim has
+// an index that yields its rows in claim order; these settings price the
+// other ways (a seq scan or a bitmap scan of every due row, then a sort) out
+// of reach, though not out of existence. See the pg test "the claims'
+// generic plans ...". Not enable_sort = off, which made the claim's UPDATE
+// far slower (bench/NOTES.md, "Database").
 std::vector<std::string> store::plan_once_settings() {
     return {"SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off", "SET enable_bitmapscan = off"};
 }
 
 std::optional<int> store::schema_version() {
     return session_.run([&](pqxx::connection& c) { return read_schema_version(c, schema_); });
-}
-
-std::vector<std::int64_t> store::complete(std::span<const lease_ref> delivered) {
-    if (delivered.empty()) return {};
-    return session_.run([&](pqxx::connection& c) {
-        pqxx::nontransaction tx(c);
-        const auto r = run(tx, q::complete::args{
-                                   .ids = number_array(delivered, [](const lease_ref& d) { return d.id; }),
-                                   .attempts = number_array(delivered, [](const lease_ref& d) { return d.attempt; }),
-                                   .owner = owner_,
-                                   // NULL where not known: not found, counted as fenced out
-                                   .tids = text_array(delivered, [](const lease_ref& d) {
-                                       return d.tid.empty() ? std::nullopt : std::optional<std::string>(d.tid);
-                                   })});
-        std::vector<std::int64_t> ids;
-        ids.reserve(r.size());
-        for (const auto& row : r) ids.push_back(row[q::complete::col::id].as<std::int64_t>());
-        return ids;
-    });
 }
 
 namespace {
@@ -157,6 +138,22 @@ std::optional<std::string> tid_of(pqxx::transaction_base& tx, const Queries& que
 }
 
 }  // namespace
+
+std::vector<std::int64_t> store::complete(std::span<const lease_ref> delivered) {
+    if (delivered.empty()) return {};
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        const auto r = run(tx, q::complete::args{
+                                   .ids = number_array(delivered, [](const lease_ref& d) { return d.id; }),
+                                   .attempts = number_array(delivered, [](const lease_ref& d) { return d.attempt; }),
+                                   .owner = owner_,
+                                   .tids = text_array(delivered, [&](const lease_ref& d) { return tid_of(tx, queries_, d); })});
+        std::vector<std::int64_t> ids;
+        ids.reserve(r.size());
+        for (const auto& row : r) ids.push_back(row[q::complete::col::id].as<std::int64_t>());
+        return ids;
+    });
+}
 
 bool store::reschedule(lease_ref e, std::chrono::milliseconds delay, std::string_view error) {
     return session_.run([&](pqxx::connection& c) {
