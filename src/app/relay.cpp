@@ -68,6 +68,9 @@ public:
         return store_.claim_deliveries(size, lease, destinations);
     }
     std::size_t release_untracked(const held_leases& keep) override { return store_.release_untracked(keep); }
+    window_read_result read_window(const window_read_request& request) override {
+        return store_.read_window_page(request);
+    }
 
 private:
     pg::store& store_;
@@ -84,6 +87,9 @@ std::size_t write_outcomes(pg::store& store, const outcome_batch& batch) {
     fenced += store.finish_deliveries(batch.deliveries);
     for (const auto& h : batch.handed_back) fenced += store.hand_back(h.ref, h.delay) ? 0 : 1;
     for (const auto& h : batch.deliveries_handed_back) fenced += store.hand_back_delivery(h.ref, h.delay) ? 0 : 1;
+    // A park that wrote nothing was written before, or its cursor is lost
+    // (the next checkpoint says which): not counted as fenced.
+    if (!batch.parks.empty()) (void)store.write_parks(batch.parks);
     return fenced;
 }
 
@@ -578,8 +584,9 @@ private:
                 outcome.started = started;
                 outcome.done = std::chrono::steady_clock::now();
                 net::post(ioc_, [this, epoch, outcome = std::move(outcome)]() mutable {
-                    const auto got = outcome.events.size();
-                    const auto full = outcome.full;
+                    // Window events read count as claimed for the wake-up policy.
+                    const auto got = outcome.events.size() + (outcome.window ? outcome.window->events.size() : 0);
+                    const auto full = outcome.full || (outcome.window && outcome.window->full);
                     feed_from(epoch, [&](relay_engine& e) { e.claimed(std::move(outcome)); });
                     if (epoch == epoch_ && !engine_->stopping()) {
                         feed_wake([&](wake_policy& w, auto now) { return w.claimed(got, full, now); });
@@ -661,6 +668,23 @@ private:
                     });
                 });
                 break;
+            case housekeeping_job::window_cleanup:
+                housekeeping("deleting delivered window events", [this, epoch = epoch_](pg::store& s) {
+                    constexpr std::size_t batch = 5000;
+                    bool more = false;
+                    try {
+                        more = s.cleanup_window_events(batch) == batch;
+                    } catch (...) {
+                        net::post(ioc_, [this, epoch] {
+                            feed_from(epoch, [&](relay_engine& e) { e.window_cleanup_done(false); });
+                        });
+                        throw;
+                    }
+                    net::post(ioc_, [this, epoch, more] {
+                        feed_from(epoch, [&](relay_engine& e) { e.window_cleanup_done(more); });
+                    });
+                });
+                break;
             case housekeeping_job::dead_relays:
                 housekeeping("taking over the leases of dead relays", [this, epoch = epoch_](pg::store& s) {
                     const auto taken = s.take_over_dead_relays();
@@ -708,6 +732,38 @@ private:
         });
     }
 
+    // On the claim connection: its session holds the relay's lock, which
+    // says to other relays that the cursors' owner is alive.
+    void run(take_cursors_command&) {
+        worker_.submit([this, epoch = epoch_](pg::store& store) {
+            try {
+                net::post(ioc_, [this, epoch, taken = store.take_free_cursors()]() mutable {
+                    feed_from(epoch, [&](relay_engine& e) { e.cursors_taken(std::move(taken)); });
+                });
+            } catch (const std::exception& e) {
+                net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
+                    feed_from(epoch, [&](relay_engine& en) { en.cursors_take_failed(why); });
+                });
+            }
+        });
+    }
+
+    // On the outcome connection, behind the outcomes written before it.
+    void run(checkpoint_command& c) {
+        outcome_worker_.submit([this, epoch = epoch_, position = std::move(c.position)](pg::store& store) {
+            try {
+                const auto written = store.checkpoint_cursors(position);
+                net::post(ioc_, [this, epoch, position, written] {
+                    feed_from(epoch, [&](relay_engine& e) { e.checkpointed(position, written); });
+                });
+            } catch (const std::exception& e) {
+                net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
+                    feed_from(epoch, [&](relay_engine& en) { en.checkpoint_failed(why); });
+                });
+            }
+        });
+    }
+
     void run(stop_listening_command&) {
         listener_.stop();
         wal_listener_.stop();
@@ -719,12 +775,24 @@ private:
     void run(finish_command& c) {
         telemetry_.stop();
         for (auto& s : sinks_) s->close();
-        outcome_worker_.submit([this, batch = std::make_shared<outcome_batch>(std::move(c.last))](pg::store& store) {
+        outcome_worker_.submit([this, batch = std::make_shared<outcome_batch>(std::move(c.last)),
+                                cursors = std::move(c.cursors)](pg::store& store) {
             try {
                 (void)write_outcomes(store, *batch);
             } catch (const std::exception& e) {
                 log::error("could not record the last outcomes; those events are delivered again after their lease",
                            {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+            }
+            if (cursors) {
+                // Where the next reader starts, then free for it at once.
+                try {
+                    (void)store.checkpoint_cursors(*cursors);
+                    (void)store.release_cursors(*cursors);
+                } catch (const std::exception& e) {
+                    log::error("could not hand over the window cursors; the next relay resumes from their last "
+                               "checkpoint once this one's session is gone",
+                               {{"error", scrub_secrets(e.what(), opts_.dsn)}});
+                }
             }
             // Release on the claim connection, after any claim still running
             // there (a timed-out shutdown may have one): what it took is

@@ -41,7 +41,27 @@ bool claim_deliveries(claim_port& db, const claim_request& request, std::size_t 
 
 }  // namespace
 
+// relay.consume = "windows": the window page first (it also says whether
+// deliveries are due), then due deliveries; window events are not leased,
+// so they take slots only once the relay hands them out.
+claim_outcome run_window_claim(claim_port& db, const claim_request& request) {
+    claim_outcome out;
+    if (request.release_all_but) out.released = db.release_untracked(*request.release_all_but);
+    out.deliveries_due = request.deliveries_due;
+    if (request.window) {
+        auto read = db.read_window(*request.window);
+        out.window = std::move(read.page);
+        out.deliveries_due = read.deliveries_due;
+        out.next_due = read.next_due;
+    }
+    if (out.deliveries_due && !request.open_destinations.empty() && request.wanted > 0) {
+        out.full = claim_deliveries(db, request, request.wanted, out.events);
+    }
+    return out;
+}
+
 claim_outcome run_claim(claim_port& db, const claim_request& request) {
+    if (request.windows) return run_window_claim(db, request);
     claim_outcome out;
     if (request.release_all_but) out.released = db.release_untracked(*request.release_all_but);
     out.drain_watermark = request.drain_watermark;

@@ -29,8 +29,16 @@
 
 #include "core/event.hpp"
 #include "core/outbox_rows.hpp"
+#include "core/window_reader.hpp"
 
 namespace outboxd {
+
+// What a window read found (relay.consume = "windows").
+struct window_read_result {
+    window_page page;
+    bool deliveries_due = false;  // some delivery to our destinations is due now
+    std::optional<std::chrono::milliseconds> next_due;  // the earliest one that is not
+};
 
 // The two claim statements (pg::store implements them over a connection).
 class claim_port {
@@ -46,6 +54,8 @@ public:
                                                               std::span<const std::string> destinations) = 0;
     // Hands back every lease of ours but those in `keep`; returns how many.
     virtual std::size_t release_untracked(const held_leases& keep) = 0;
+    // A page of a commit-ordered window (relay.consume = "windows").
+    [[nodiscard]] virtual window_read_result read_window(const window_read_request& request) = 0;
 };
 
 // A destination that can take requests now, and how many.
@@ -67,6 +77,10 @@ struct claim_request {
     // A claim failed, maybe after it committed (its answer lost): first hand
     // back every lease of ours but these, the ones the relay holds.
     std::optional<held_leases> release_all_but;
+    // relay.consume = "windows": events come from windows, not from the
+    // event claim; `window` is the page to read, if one may be read now.
+    bool windows = false;
+    std::optional<window_read_request> window;
 };
 
 struct claim_outcome {
@@ -80,6 +94,8 @@ struct claim_outcome {
     std::optional<std::string> low_mark;
     // Leases handed back by request.release_all_but.
     std::size_t released = 0;
+    // The page read, when the request asked for one.
+    std::optional<window_page> window;
     // When the statements began (by the relay's steady clock): leases run
     // from about then.
     std::chrono::steady_clock::time_point started{};

@@ -100,6 +100,10 @@ struct config {
     // "notify" (a notification at every commit) or "poll" (no LISTEN, a
     // claim every poll_interval).
     std::string wake = "auto";
+    // Where the relay takes events from: "claims" (lease each event, delete
+    // it when delivered) or "windows" (read commit-ordered windows, no write
+    // per event: docs/windows-in-the-relay.md; needs migration 0009).
+    std::string consume = "claims";
     // poll mode's claim interval; also how often a relay whose notifications
     // do not arrive (the self-test failed) claims instead.
     std::chrono::milliseconds poll_interval{500};

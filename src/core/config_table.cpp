@@ -26,6 +26,7 @@ constexpr milliseconds min_db_keepalive_timeout = 1s;
 constexpr std::array<std::string_view, 4> log_levels{"debug", "info", "warn", "error"};  // log::parse_level
 constexpr std::array<std::string_view, 2> log_formats{"logfmt", "json"};
 constexpr std::array<std::string_view, 4> wake_modes{"auto", "notify", "poll", "wal"};
+constexpr std::array<std::string_view, 2> consume_modes{"claims", "windows"};
 
 using c = config;
 using d = destination_config;
@@ -46,6 +47,7 @@ constexpr row<config> relay_table[] = {
     {"relay.lease", "OUTBOXD_LEASE", "lease", duration(1ms), member<&c::lease>},
     {"relay.sweep_interval", "OUTBOXD_SWEEP_INTERVAL", "sweep-interval", duration(100ms), member<&c::sweep_interval>},
     {"relay.wake", "OUTBOXD_WAKE", "wake", one_of(wake_modes), member<&c::wake>},
+    {"relay.consume", "OUTBOXD_CONSUME", "consume", one_of(consume_modes), member<&c::consume>},
     {"relay.poll_interval", "OUTBOXD_POLL_INTERVAL", "poll-interval", duration(10ms), member<&c::poll_interval>},
     {"relay.shutdown_timeout", "OUTBOXD_SHUTDOWN_TIMEOUT", "shutdown-timeout", duration(0ms),
      member<&c::shutdown_timeout>},

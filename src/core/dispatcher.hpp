@@ -56,6 +56,9 @@ public:
     [[nodiscard]] std::size_t on_delivery_finished() noexcept;
     [[nodiscard]] std::size_t on_outcomes_recorded(bool unblocked_keys) noexcept;
     void on_stop() noexcept { stopping_ = true; }
+    // Events handed out without a claim (read from a window earlier, held
+    // back for their key until now): in_flight += n.
+    void on_taken(std::size_t n) noexcept { in_flight_ += n; }
 
     [[nodiscard]] std::size_t in_flight() const noexcept { return in_flight_; }
     [[nodiscard]] std::size_t slots() const noexcept { return slots_; }

@@ -42,6 +42,9 @@ struct event {
     std::optional<std::chrono::microseconds> age_at_claim;
     // Where the claim left the leased row (ctid, as text); see lease_ref.
     std::string tid;
+    // Set when the event was read from a commit-ordered window (not leased):
+    // the slot whose cursor fences what is written about it.
+    std::optional<int> window_slot;
 };
 
 }  // namespace outboxd

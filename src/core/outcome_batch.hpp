@@ -35,6 +35,17 @@ struct fan_out_item {
     std::vector<dead_delivery> dead;
 };
 
+// An event read from a commit-ordered window that some destination failed,
+// deferred, or that must wait (not due, its key pending): it gets its
+// delivery rows and dead letters now (park_window_events), fenced by the
+// cursor it was read under, not by a lease.
+struct window_park {
+    std::int64_t id = 0;
+    std::int64_t epoch = 0;
+    std::vector<owed_delivery> owed;
+    std::vector<dead_delivery> dead;  // destination "": the whole event
+};
+
 struct outcome_batch {
     // Events sent straight from `events` and accepted by every destination.
     std::vector<lease_ref> delivered;
@@ -49,17 +60,20 @@ struct outcome_batch {
     // taken back (the error of a handed-back item is not written).
     std::vector<reschedule_item> handed_back;
     std::vector<delivery_retry> deliveries_handed_back;
+    // Window events parked (see window_park).
+    std::vector<window_park> parks;
     // Something keyed finished (delivered or dead) or was fanned out: the
     // next event of that key may be due once this is recorded.
     bool unblocks_key = false;
 
     [[nodiscard]] bool empty() const noexcept {
         return delivered.empty() && retries.empty() && dead.empty() && fan_outs.empty() && deliveries.empty() &&
-               handed_back.empty() && deliveries_handed_back.empty();
+               handed_back.empty() && deliveries_handed_back.empty() && parks.empty();
     }
     [[nodiscard]] std::size_t size() const noexcept {
         return delivered.size() + retries.size() + dead.size() + fan_outs.size() + deliveries.delivered.size() +
-               deliveries.retries.size() + deliveries.dead.size() + handed_back.size() + deliveries_handed_back.size();
+               deliveries.retries.size() + deliveries.dead.size() + handed_back.size() + deliveries_handed_back.size() +
+               parks.size();
     }
     // Moves up to `n` outcomes, from the front, into a batch of their own
     // (a write of a bounded size); the rest stay. Both keep unblocks_key.
@@ -81,6 +95,7 @@ struct outcome_batch {
         take(front.deliveries.dead, deliveries.dead);
         take(front.handed_back, handed_back);
         take(front.deliveries_handed_back, deliveries_handed_back);
+        take(front.parks, parks);
         return front;
     }
     void append(outcome_batch&& other) {
@@ -94,6 +109,7 @@ struct outcome_batch {
         move_all(deliveries.dead, other.deliveries.dead);
         move_all(handed_back, other.handed_back);
         move_all(deliveries_handed_back, other.deliveries_handed_back);
+        move_all(parks, other.parks);
         unblocks_key = unblocks_key || other.unblocks_key;
     }
 };

@@ -36,6 +36,7 @@ relay_engine::relay_engine(const config& cfg, const clock_source& clock, std::ui
         lanes_.push_back({0, std::max<std::size_t>(1, d.max_concurrency), {}});
         circuits_.emplace_back(d.circuit);
     }
+    if (cfg_.consume == "windows") reader_.emplace(window_queue_limit);
 }
 
 std::vector<relay_command> relay_engine::take_commands() { return std::exchange(commands_, {}); }
@@ -88,7 +89,14 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
         case relay_timer::takeover:
             if (dispatch_.stopping()) break;
             emit(housekeeping_command{housekeeping_job::dead_relays});
+            // Cursors freed by the takeover (their relay died) are ours to take.
+            if (reader_ && !reader_->holding()) take_cursors();
             arm(relay_timer::takeover, clock_.steady() + takeover_interval);
+            break;
+        case relay_timer::checkpoint:
+            if (dispatch_.stopping()) break;
+            write_checkpoint();
+            arm(relay_timer::checkpoint, clock_.steady() + checkpoint_interval);
             break;
         case relay_timer::slow_requests:
             give_up_slots_of_slow_requests();
@@ -110,6 +118,10 @@ void relay_engine::start(std::string message_prefix, run_mode mode) {
     // claim is as good as a confirming one.
     confirming_ = mode_ == run_mode::once;
     arm(relay_timer::sweep, clock_.steady() + cfg_.sweep_interval);
+    if (reader_) {
+        take_cursors();
+        arm(relay_timer::checkpoint, clock_.steady() + checkpoint_interval);
+    }
     wake();
     if (cfg_.live_leases) {
         // At once: a restarted relay picks up its predecessor's work.
@@ -161,8 +173,14 @@ void relay_engine::start_claim(std::size_t n) {
         }
         n = std::min(n, probes);
     }
-    claim_request request{n, cfg_.lease, {}, deliveries_due_, drain_watermark_, low_mark_, {}};
+    claim_request request{n, cfg_.lease, {}, deliveries_due_, drain_watermark_, low_mark_, {}, false, {}};
     if (claim_answer_unknown_) request.release_all_but = ledger_.held();
+    if (reader_) {
+        request.windows = true;
+        request.window = reader_->next_read(std::max(n, window_page_size));
+        // The queue is full: read again once it has room (pull_window).
+        window_read_deferred_ = !request.window && reader_->holding() && !reader_->reading();
+    }
     // Deliveries are claimed only for destinations that can take them now,
     // as many as each has free connections.
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
@@ -171,6 +189,7 @@ void relay_engine::start_claim(std::size_t n) {
         }
     }
     claim_asked_ = clock_.steady();
+    claim_wanted_ = n;
     flushes_at_claim_ = flushes_recorded_;
     emit(claim_command{std::move(request)});
 }
@@ -182,7 +201,11 @@ void relay_engine::claimed(claim_outcome result) {
         log::warn("handed back leases taken by a claim whose answer was lost; they are due now",
                   {{"leases", str(static_cast<std::int64_t>(result.released))}});
     }
-    confirmed_empty_ = std::exchange(confirming_, false) && result.events.empty();
+    const bool page_full = result.window && result.window->full;
+    const bool page_empty = !result.window || result.window->events.empty();
+    if (reader_ && result.window) reader_->page_read(std::move(*result.window));
+    confirmed_empty_ = std::exchange(confirming_, false) && result.events.empty() &&
+                       (!reader_ || (page_empty && !page_full && reader_->idle()));
     deliveries_due_ = result.deliveries_due;
     drain_watermark_ = std::move(result.drain_watermark);
     low_mark_ = std::move(result.low_mark);
@@ -202,19 +225,25 @@ void relay_engine::claimed(claim_outcome result) {
                                {"handoff_us", us(result.done, clock_.steady())}});
     }
     fit_capacity();
-    // The dispatcher reads "got as many as asked" as "more may be due".
-    const auto asked = result.full ? events.size() : events.size() + 1;
-    // Counted as held before any is delivered: an event that cannot be sent
-    // finishes at once inside pump().
-    const auto next = dispatch_.on_claimed(events.size(), asked);
     // From when the claim began, not when it came back: the database's lease
     // started at its statement's now(), and the statements (which may wait
     // on another claim's key hold) and the hand-off take time.
     const auto lease_end = result.started + cfg_.lease;
+    const auto claimed_count = events.size();
     for (auto& e : events) {
         ledger_.claimed(e);
         ready_.push_back({std::make_shared<const event>(std::move(e)), lease_end});
     }
+    // Window events take the slots the claim asked for and deliveries left.
+    const auto free = dispatch_.slots() > dispatch_.in_flight() ? dispatch_.slots() - dispatch_.in_flight() : 0;
+    const auto got = claimed_count + (reader_ ? queue_window_steps(free > claimed_count ? free - claimed_count : 0) : 0);
+    // The dispatcher reads "got as many as asked" as "more may be due".
+    // (Events read and held back for their key are not "more": they go out
+    // as their keys settle, pull_window(), with no read.)
+    const bool more = result.full || page_full;
+    // Counted as held before any is delivered: an event that cannot be sent
+    // finishes at once inside pump().
+    const auto next = dispatch_.on_claimed(got, more ? got : got + 1);
     pump();
     start_claim(next);
     maybe_finish();
@@ -229,6 +258,7 @@ void relay_engine::claimed(claim_outcome result) {
 
 void relay_engine::claim_failed(const std::string& why) {
     (void)dispatch_.on_claim_failed();
+    if (reader_) reader_->read_failed();
     confirming_ = false;
     // It may have committed and lost only its answer (the connection died).
     claim_answer_unknown_ = true;
@@ -274,7 +304,7 @@ void relay_engine::pump() {
     while (sending_ < cfg_.concurrency && !ready_.empty() && !finishing_) {
         auto next = std::move(ready_.front());
         ready_.pop_front();
-        if (clock_.steady() > next.lease_end - longest_attempt_) {
+        if (!next.e->window_slot && clock_.steady() > next.lease_end - longest_attempt_) {
             // It waited behind requests that hung until their timeouts: an
             // attempt now might outlast the lease and race the relay that
             // claims it next. Not sent: handed back, due now, its attempt
@@ -311,6 +341,7 @@ void relay_engine::sweep() {
     // beginning of the index.
     reset_claim_marks(false);
     if (metrics_ != nullptr) metrics_->woken(wake_source::sweep);
+    if (reader_ && !reader_->holding()) take_cursors();
     wake();
     if (cfg_.idempotency_retention.count() > 0) emit(housekeeping_command{housekeeping_job::idempotency_keys});
     emit(housekeeping_command{housekeeping_job::key_holds});
@@ -338,6 +369,8 @@ void relay_engine::finished(bool slot_given_up) {
     pump();
     fit_capacity();
     if (!slot_given_up) start_claim(dispatch_.on_delivery_finished());
+    pull_window();
+    pump();
     maybe_finish();
 }
 
@@ -418,8 +451,7 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         // there only, as any stalled destination). Not an attempt.
         fan_out_item item{ref, {}, {}};
         for (const auto& name : e->only_to) item.owed.push_back({name, milliseconds(0), e->attempt - 1, {}});
-        pending_.fan_outs.push_back(std::move(item));
-        pending_.unblocks_key = pending_.unblocks_key || keyed;
+        record_fan_out(*e, std::move(item));
         finished();
         return;
     }
@@ -428,8 +460,7 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         // queues behind them, at each destination on its own.
         fan_out_item item{ref, {}, {}};
         for (const auto i : targets) item.owed.push_back({cfg_.destinations[i].name, milliseconds(0), 0, {}});
-        pending_.fan_outs.push_back(std::move(item));
-        pending_.unblocks_key = true;
+        record_fan_out(*e, std::move(item));
         finished();
         return;
     }
@@ -592,6 +623,9 @@ void relay_engine::arm_probe() {
 
 // Back to the outbox unsent, due after `delay`, the claim's attempt taken back.
 void relay_engine::hand_back(const event& e, milliseconds delay) {
+    // Not leased: nothing to give back; the cursor stays below it, so its
+    // next reader sends it.
+    if (e.window_slot) return;
     report(e.destination.value_or(""), delivery_result::handed_back, 0, e, {});
     if (e.destination) {
         pending_.deliveries_handed_back.push_back({{e.id, *e.destination, e.attempt}, delay, {}});
@@ -702,7 +736,7 @@ void relay_engine::on_owed_result(const owed_item& item, std::size_t i, const se
 // Every destination of a directly sent event has answered (or was deferred).
 void relay_engine::settle(const event_in_flight& state) {
     if (state.failures.empty() && state.deferred.empty()) {
-        pending_.delivered.push_back(state.ref);
+        record_delivered(*state.e, state.ref);
     } else {
         // From here each failed destination keeps its own schedule; the ones
         // that accepted the event are done with it for good.
@@ -721,9 +755,10 @@ void relay_engine::settle(const event_in_flight& state) {
             report(cfg_.destinations[i].name, delivery_result::handed_back, 0, *state.e, state.lease_end);
         }
         for (const auto& o : item.owed) retry_after_flush(o.due_in);
-        pending_.fan_outs.push_back(std::move(item));
+        record_fan_out(*state.e, std::move(item));
     }
-    pending_.unblocks_key = pending_.unblocks_key || state.keyed;
+    // A window event's key is sequenced in memory: nothing to unblock.
+    if (!state.e->window_slot) pending_.unblocks_key = pending_.unblocks_key || state.keyed;
     finished(state.slot_given_up);
 }
 
@@ -765,8 +800,12 @@ void relay_engine::bury_unsendable(const event& e, const std::string& why) {
     log::error("event cannot be sent; moving to dead letters",
                {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}, {"error", why}});
     report("", delivery_result::dead, e.attempt, e, {});
-    pending_.dead.push_back({lease_ref{e.id, e.attempt, e.tid}, why, std::nullopt, {}});
-    pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
+    if (e.window_slot) {
+        record_fan_out(e, {lease_ref{e.id, e.attempt, e.tid}, {}, {{"", e.attempt, why, std::nullopt, {}}}});
+    } else {
+        pending_.dead.push_back({lease_ref{e.id, e.attempt, e.tid}, why, std::nullopt, {}});
+        pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
+    }
     finished();
 }
 
@@ -778,6 +817,12 @@ void relay_engine::bury_unsendable(const event& e, const std::string& why) {
 // meanwhile: it becomes a dead letter at once instead.
 void relay_engine::unroutable(const event& e) {
     const auto why = fmt::format("no route matches topic '{}'", e.topic);
+    if (e.window_slot) {
+        // A window event has no row of its own to wait in (the cursor moves
+        // past it): a dead letter at once, to be replayed.
+        bury_unsendable(e, fmt::format("{}; dead-lettered at once (replay it once a route matches)", why));
+        return;
+    }
     if (e.ordering_key) {
         bury_unsendable(e, fmt::format("{}; dead-lettered at once so that it does not hold back the later events "
                                        "of its ordering key (replay it once a route matches)",
@@ -841,6 +886,14 @@ void relay_engine::outcomes_written(std::size_t fenced) {
                   {{"outcomes", str(static_cast<std::int64_t>(fenced))}});
     }
     if (retry_in && !dispatch_.stopping()) arm_next_due(*retry_in, false);
+    if (reader_ && !batch->parks.empty()) {
+        // Recorded: those events settle, their keys' later events may go, and
+        // their delivery rows are due (at their times) for the next claim.
+        for (const auto& p : batch->parks) reader_->settled(p.id);
+        deliveries_due_ = true;
+        pull_window();
+        pump();
+    }
     // A keyed event finished: the next event of its key may be due, and may
     // be behind the drain watermark or the low mark (it was skipped while
     // blocked): the next claim starts from the beginning.
@@ -890,7 +943,8 @@ void relay_engine::reload_requested() {
 
 void relay_engine::stop_claiming(bool keep_listening) {
     dispatch_.on_stop();
-    // Not started yet: handed back unsent, due now, their attempts not counted.
+    // Not started yet: handed back unsent, due now, their attempts not
+    // counted (window events are simply not sent: their cursor stays below).
     for (; !ready_.empty(); ready_.pop_front()) {
         hand_back(*ready_.front().e, milliseconds(0));
         (void)dispatch_.on_delivery_finished();
@@ -901,6 +955,7 @@ void relay_engine::stop_claiming(bool keep_listening) {
     cancel(relay_timer::next_due);
     cancel(relay_timer::claim_retry);
     cancel(relay_timer::takeover);
+    cancel(relay_timer::checkpoint);
     arm(relay_timer::shutdown, clock_.steady() + cfg_.shutdown_timeout);
     maybe_finish();
 }
@@ -908,7 +963,8 @@ void relay_engine::stop_claiming(bool keep_listening) {
 // --once: see the header comment.
 void relay_engine::check_drained() {
     if (mode_ != run_mode::once || dispatch_.stopping() || dispatch_.claiming() || dispatch_.in_flight() > 0 ||
-        slow_in_flight_ > 0 || !ready_.empty() || writing_ || !pending_.empty() || claim_backing_off_) {
+        slow_in_flight_ > 0 || !ready_.empty() || writing_ || !pending_.empty() || claim_backing_off_ ||
+        (reader_ && (reader_->queued() > 0 || reader_->in_flight() > 0 || taking_cursors_))) {
         return;
     }
     if (confirmed_empty_) {
@@ -941,7 +997,128 @@ void relay_engine::finish() {
     outcome_batch last;
     if (writing_) last = *std::exchange(writing_, nullptr);
     last.append(std::exchange(pending_, {}));
-    emit(finish_command{std::move(last)});
+    // Parks in `last` are not settled in the reader (not recorded yet): the
+    // position stays below them, and their next reader settles them again.
+    emit(finish_command{std::move(last), reader_ ? reader_->position() : std::nullopt});
+}
+
+// ---- windows -------------------------------------------------------------------
+
+void relay_engine::take_cursors() {
+    if (taking_cursors_ || dispatch_.stopping()) return;
+    taking_cursors_ = true;
+    emit(take_cursors_command{});
+}
+
+void relay_engine::cursors_taken(std::vector<taken_cursor> cursors) {
+    taking_cursors_ = false;
+    if (!reader_ || cursors.empty() || reader_->holding()) {
+        maybe_finish();
+        return;
+    }
+    reader_->hold(cursors);
+    log::info("reading commit-ordered windows", {{"slots", str(static_cast<std::int64_t>(cursors.size()))}});
+    confirming_ = false;  // a claim running now read no window
+    if (!dispatch_.stopping()) wake();
+    maybe_finish();
+}
+
+void relay_engine::cursors_take_failed(const std::string& why) {
+    taking_cursors_ = false;
+    log::warn("taking the window cursors failed; trying again", {{"error", why}});
+    maybe_finish();
+}
+
+void relay_engine::write_checkpoint() {
+    if (!reader_ || checkpointing_) return;
+    auto position = reader_->checkpoint();
+    if (!position) return;
+    checkpointing_ = true;
+    emit(checkpoint_command{std::move(*position)});
+}
+
+void relay_engine::checkpointed(const cursor_checkpoint& position, std::size_t written) {
+    checkpointing_ = false;
+    if (!reader_) return;
+    if (written < position.slots.size()) {
+        // Another relay took them (ours looked dead to it): what was read
+        // under them is its to send again; ours would be fenced out.
+        log::error("window cursors were taken over by another relay; no longer reading them",
+                   {{"slots", str(static_cast<std::int64_t>(position.slots.size() - written))}});
+        reader_->lose();
+        return;
+    }
+    reader_->checkpoint_written(position);
+    if (!cleaning_windows_ && !dispatch_.stopping()) {
+        cleaning_windows_ = true;
+        emit(housekeeping_command{housekeeping_job::window_cleanup});
+    }
+}
+
+void relay_engine::checkpoint_failed(const std::string& why) {
+    checkpointing_ = false;
+    log::warn("checkpointing the window cursors failed; trying again", {{"error", why}});
+}
+
+void relay_engine::window_cleanup_done(bool more) {
+    if (more && !dispatch_.stopping()) {
+        emit(housekeeping_command{housekeeping_job::window_cleanup});
+        return;
+    }
+    cleaning_windows_ = false;
+}
+
+std::size_t relay_engine::queue_window_steps(std::size_t max) {
+    if (!reader_ || finishing_ || dispatch_.stopping() || max == 0) return 0;
+    auto steps = reader_->take(max);
+    // A window event has no lease: its attempt must end within the lease
+    // only as a bound on how long a request may run.
+    const auto until = clock_.steady() + cfg_.lease;
+    for (auto& s : steps) {
+        if (!s.park) {
+            ready_.push_back({std::move(s.e), until});
+            continue;
+        }
+        // Parked without a request: deliver() fans it out (key_pending).
+        auto parked = std::make_shared<event>(*s.e);
+        parked->key_pending = true;
+        ready_.push_back({std::move(parked), until});
+    }
+    return steps.size();
+}
+
+void relay_engine::pull_window() {
+    if (!reader_) return;
+    // Slots a running claim asked for are its own.
+    const auto taken = dispatch_.in_flight() + (dispatch_.claiming() ? claim_wanted_ : 0);
+    dispatch_.on_taken(queue_window_steps(dispatch_.slots() > taken ? dispatch_.slots() - taken : 0));
+    if (window_read_deferred_ && reader_->queued() < window_queue_limit / 2 && !dispatch_.stopping()) {
+        window_read_deferred_ = false;
+        start_claim(dispatch_.on_wake());
+    }
+}
+
+void relay_engine::record_delivered(const event& e, const lease_ref& ref) {
+    if (e.window_slot) {
+        if (reader_) reader_->sent_ok(e.id);
+        return;
+    }
+    pending_.delivered.push_back(ref);
+}
+
+void relay_engine::record_fan_out(const event& e, fan_out_item item) {
+    if (!e.window_slot) {
+        pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
+        pending_.fan_outs.push_back(std::move(item));
+        return;
+    }
+    if (!reader_) return;
+    const auto epoch = reader_->epoch_of(*e.window_slot);
+    reader_->parking(e.id);
+    if (!epoch) return;  // the cursor is lost: its new owner reads the event again
+    pending_.parks.push_back({e.id, *epoch, std::move(item.owed), std::move(item.dead)});
+    // Written at once: the deliveries it makes are what the key waits for.
+    pending_.unblocks_key = true;
 }
 
 }  // namespace outboxd

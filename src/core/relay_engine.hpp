@@ -102,6 +102,7 @@
 #include "core/rate_meter.hpp"
 #include "core/relay_metrics.hpp"
 #include "core/routing.hpp"
+#include "core/window_reader.hpp"
 
 namespace outboxd {
 
@@ -129,9 +130,10 @@ enum class relay_timer {
     circuit_probe,
     takeover,
     slow_requests,
-    outcome_gather
+    outcome_gather,
+    checkpoint
 };
-inline constexpr std::size_t relay_timer_count = 9;
+inline constexpr std::size_t relay_timer_count = 10;
 
 // What a destination made of one request (the sink's report, I/O-free).
 struct send_result {
@@ -176,7 +178,16 @@ struct cancel_timer_command {
 // only logged (the next sweep tries again).
 // dead_relays: take over the leases of relays whose session is gone; feed
 // back relays_taken_over().
-enum class housekeeping_job { idempotency_keys, key_holds, orphan_deliveries, dead_letters, dead_relays };
+// window_cleanup: delete delivered window events every cursor has passed;
+// feed back window_cleanup_done().
+enum class housekeeping_job {
+    idempotency_keys,
+    key_holds,
+    orphan_deliveries,
+    dead_letters,
+    dead_relays,
+    window_cleanup
+};
 struct housekeeping_command {
     housekeeping_job job = housekeeping_job::key_holds;
 };
@@ -190,9 +201,19 @@ struct release_deliveries_command {
 // Shutdown began: stop the wake-up sources (LISTEN).
 struct stop_listening_command {};
 // Close the sinks, write `last` (best effort), release every lease still
-// held (after any claim still running), stop the loop.
+// held (after any claim still running), checkpoint `cursors` and release
+// them (windows), stop the loop.
 struct finish_command {
     outcome_batch last;
+    std::optional<cursor_checkpoint> cursors;
+};
+// relay.consume = "windows": take every window cursor that is free (on the
+// claim connection); feed back cursors_taken() or cursors_take_failed().
+struct take_cursors_command {};
+// Write the held cursors' position (on the outcome connection); feed back
+// checkpointed() or checkpoint_failed().
+struct checkpoint_command {
+    cursor_checkpoint position;
 };
 // Exit the process now, without waiting for anything (second signal).
 struct exit_now_command {};
@@ -206,7 +227,7 @@ struct circuit_changed_command {
 using relay_command = std::variant<claim_command, send_command, write_outcomes_command, arm_timer_command,
                                    cancel_timer_command, housekeeping_command, release_deliveries_command,
                                    stop_listening_command, finish_command, exit_now_command,
-                                   circuit_changed_command>;
+                                   circuit_changed_command, take_cursors_command, checkpoint_command>;
 
 // serve: until a signal. once: until drained (see the header comment).
 enum class run_mode { serve, once };
@@ -239,6 +260,21 @@ public:
     void dead_letters_purged(bool more);
     // A takeover handed back `leases` of dead relays, due now.
     void relays_taken_over(std::size_t leases);
+    // relay.consume = "windows" (docs/windows-in-the-relay.md).
+    void cursors_taken(std::vector<taken_cursor> cursors);
+    void cursors_take_failed(const std::string& why);
+    // `written` of the position's cursors were still ours and were written.
+    void checkpointed(const cursor_checkpoint& position, std::size_t written);
+    void checkpoint_failed(const std::string& why);
+    void window_cleanup_done(bool more);
+
+    // How often the held window cursors are checkpointed (and delivered
+    // window events below every cursor deleted).
+    static constexpr std::chrono::milliseconds checkpoint_interval{1'000};
+    // Events read from windows and not handed out yet, at most (per relay);
+    // a page reads at most this many.
+    static constexpr std::size_t window_queue_limit = 8192;
+    static constexpr std::size_t window_page_size = 1024;
 
     // How often a relay with live leases looks for dead relays: a killed
     // relay's work waits about this long, not for its lease to expire.
@@ -265,6 +301,7 @@ public:
     }
     [[nodiscard]] bool stopping() const noexcept { return dispatch_.stopping(); }
     [[nodiscard]] bool finished_running() const noexcept { return finishing_; }
+    [[nodiscard]] const window_reader* windows() const noexcept { return reader_ ? &*reader_ : nullptr; }
 
 private:
     struct ready_item {
@@ -359,6 +396,16 @@ private:
     void settle(const event_in_flight& state);
     void record_owed(const delivery_ref& ref, bool keyed, const destination_result& res);
     void bury_unsendable(const event& e, const std::string& why);
+    // Where a directly sent event's outcome goes: a lease's outcome into the
+    // pending batch; a window event's into the reader (delivered) or a park.
+    void record_delivered(const event& e, const lease_ref& ref);
+    void record_fan_out(const event& e, fan_out_item item);
+    // Window events: take what may go out now into the ready queue (at most
+    // `max`); returns how many. pull_window() also counts them as held.
+    std::size_t queue_window_steps(std::size_t max);
+    void pull_window();
+    void take_cursors();
+    void write_checkpoint();
     void unroutable(const event& e);
     void retry_after_flush(std::chrono::milliseconds in);
     [[nodiscard]] std::vector<std::size_t> named_destinations(const std::vector<std::string>& names) const;
@@ -404,6 +451,7 @@ private:
     // would otherwise overwrite them (0: none, 1: low mark, 2: both).
     int reset_after_claim_ = 0;
     steady_time claim_asked_{};
+    std::size_t claim_wanted_ = 0;  // the running claim's size
     // Outcome writes finished when the running claim began: if more finish
     // before it returns, its snapshot may predate a retry just recorded.
     std::uint64_t flushes_at_claim_ = 0;
@@ -451,6 +499,13 @@ private:
     // back the leases of ours that ledger_ does not hold.
     bool claim_answer_unknown_ = false;
     lease_ledger ledger_;
+
+    // ---- windows (relay.consume = "windows") ----
+    std::optional<window_reader> reader_;
+    bool taking_cursors_ = false;
+    bool checkpointing_ = false;
+    bool cleaning_windows_ = false;
+    bool window_read_deferred_ = false;  // a read was due while the queue was full
 };
 
 }  // namespace outboxd

@@ -89,6 +89,8 @@ void window_reader::page_read(window_page page) {
         const auto id = r.e.id;
         items.push_back({id, r.e.ordering_key, r.key_pending, r.due});
         slot_of_[id] = r.slot;
+        r.e.attempt = 1;  // the first, if it is sent
+        r.e.window_slot = r.slot;
         events_[id] = std::make_shared<const event>(std::move(r.e));
         w.next_id = id + 1;
     }

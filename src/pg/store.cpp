@@ -61,6 +61,7 @@ store::store(std::string dsn, std::string schema, std::string lease_owner, bool 
       plan_once_(plan_once),
       statement_timeout_(statement_timeout),
       known_destination_(known_destination_sql(destinations)),
+      known_destinations_(destinations.value_or(std::vector<std::string>{})),
       queries_(schema_),
       session_(std::move(dsn), statement_timeout, [this](pqxx::connection& c) { set_up(c); }) {}
 
@@ -352,6 +353,7 @@ void store::reset_circuits() {
 
 void store::set_destinations(const std::vector<std::string>& destinations) {
     known_destination_ = known_destination_sql(destinations);
+    known_destinations_ = destinations;
     if (!connected()) return;  // a new connection prepares them
     session_.run([&](pqxx::connection& c) {
         unprepare_claims(c);

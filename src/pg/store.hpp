@@ -19,8 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "core/claim_sequence.hpp"
 #include "core/event.hpp"
 #include "core/outbox_rows.hpp"
+#include "core/outcome_batch.hpp"
 #include "core/window_safety.hpp"
 #include "pg/named_queries.hpp"
 #include "pg/session.hpp"
@@ -159,6 +161,19 @@ public:
     // and forgets them. One short
     // transaction; with no relay dead, one indexed read of `relays`.
     [[nodiscard]] takeover take_over_dead_relays();
+
+    // The relay's windows (relay.consume = "windows", store_window_relay.cpp):
+    // the statements below in the engine's terms.
+    // A page of a window, decoded as claimed events are, with the read's
+    // answers on deliveries.
+    [[nodiscard]] window_read_result read_window_page(const window_read_request& request);
+    // Every window cursor ('' slots) that is free, taken for our lease owner.
+    [[nodiscard]] std::vector<taken_cursor> take_free_cursors();
+    // How many of the position's cursors were still ours and were written.
+    [[nodiscard]] std::size_t checkpoint_cursors(const cursor_checkpoint& position);
+    [[nodiscard]] std::size_t release_cursors(const cursor_checkpoint& position);
+    // park_window_events for a batch's parks.
+    std::size_t write_parks(const std::vector<window_park>& parks);
 
     // Publishes one circuit's state (a JSON object) on our relays row
     // (sql/0007); reset_circuits: all closed (a reload's new engine).
@@ -315,6 +330,7 @@ private:
     // The claim's :known_destination: the SQL that keeps other relays'
     // deliveries out of "deliveries are due".
     std::string known_destination_;
+    std::vector<std::string> known_destinations_;  // the same, for statements that take them as a parameter
     query_book queries_;
     session session_;
     bool bound_to_session_ = false;

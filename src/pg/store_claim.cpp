@@ -4,34 +4,13 @@
 #include <pqxx/pqxx>
 
 #include "core/sql_ident.hpp"
+#include "pg/event_columns.hpp"
 #include "pg/sql_arrays.hpp"
 #include "pg/store.hpp"
 #include "pg/typed_query.hpp"
 
 namespace outboxd::pg {
 namespace {
-
-header_list parse_headers(const char* json_text) {
-    header_list out;
-    const auto object = nlohmann::json::parse(json_text);  // the column CHECK guarantees an object of strings
-    out.reserve(object.size());
-    for (const auto& [name, value] : object.items()) out.emplace_back(name, value.get<std::string>());
-    return out;
-}
-
-// Names joined by ',' (array_to_string in the claim): destination names
-// never hold one, and unlike an array's text form nothing is quoted (an
-// element "null" would be).
-std::vector<std::string> destination_names(std::string_view array) {
-    std::vector<std::string> out;
-    while (!array.empty()) {
-        const auto comma = array.find(',');
-        out.emplace_back(array.substr(0, comma));
-        if (comma == std::string_view::npos) break;
-        array.remove_prefix(comma + 1);
-    }
-    return out;
-}
 
 // The columns every claim returns: id, topic, ordering_key, payload,
 // headers, attempts, age_us (a claim without one of them does not compile).
@@ -52,8 +31,7 @@ event read_claimed(const row_of<Q>& row) {
         e.headers = parse_headers(row[col::headers].c_str());
     } catch (const std::exception&) {
         // Not the parser's text: it quotes the offending bytes.
-        e.undecodable = "the event's headers cannot be decoded as UTF-8 JSON (the database's encoding is not "
-                        "UTF-8?); it cannot be sent";
+        e.undecodable = undecodable_headers;
     }
     if (const auto age = row[col::age_us]; !age.is_null()) {
         e.age_at_claim = std::chrono::microseconds(std::max<long long>(0, age.template as<long long>()));

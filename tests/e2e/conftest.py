@@ -505,6 +505,10 @@ def relay(request, outboxd_bin, database_url, _procs, tmp_path):
             argv += ["--url", url]
         argv += [str(a) for a in extra]
         n = len(started) + 1
+        # OUTBOXD_TEST_CONSUME runs the suite's relays in that consume mode
+        # (relay.consume), unless a test sets one itself.
+        mode = os.environ.get("OUTBOXD_TEST_CONSUME")
+        env = {**({"OUTBOXD_CONSUME": mode} if mode else {}), **(env or {})}
         r = Relay(argv, tmp_path / f"relay{n}.log", tmp_path / f"relay{n}.out", clean_env(env))
         started.append(r)
         _procs.relays.append(r)

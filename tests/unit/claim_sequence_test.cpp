@@ -44,6 +44,14 @@ public:
         calls.push_back({"release", keep.events.size() + keep.delivery_ids.size(), {}, {}, keep.delivery_destinations});
         return released;
     }
+    window_read_result read_window(const window_read_request& r) override {
+        calls.push_back({"window", r.limit, {}, {}, {}});
+        REQUIRE_FALSE(window_answers.empty());
+        auto a = std::move(window_answers.front());
+        window_answers.pop_front();
+        return a;
+    }
+    std::deque<window_read_result> window_answers;
     std::deque<claim_result> event_answers;
     std::deque<std::vector<event>> delivery_answers;
     std::size_t released = 0;
@@ -220,4 +228,40 @@ TEST_CASE("claim sequence: an ordinary claim hands nothing back") {
     (void)run_claim(db, request(8));
     REQUIRE(db.calls.size() == 1);
     CHECK(db.calls[0].what == "events");
+}
+
+TEST_CASE("claim sequence, windows: the page first, then deliveries when the read says some are due") {
+    scripted_port db;
+    claim_request r;
+    r.wanted = 4;
+    r.windows = true;
+    r.deliveries_due = false;
+    r.open_destinations = {{"a", 8}};
+    r.window = window_read_request{"1:1:", std::nullopt, 0, std::nullopt, 256};
+    window_read_result read;
+    read.page.snap_b = "5:5:";
+    read.deliveries_due = true;
+    read.next_due = std::chrono::milliseconds(70);
+    db.window_answers.push_back(read);
+    db.delivery_answers.push_back({event{}, event{}});
+    const auto out = run_claim(db, r);
+    REQUIRE(db.calls.size() == 2);
+    CHECK(db.calls[0].what == "window");
+    CHECK(db.calls[0].size == 256);
+    CHECK(db.calls[1].what == "deliveries");
+    CHECK(db.calls[1].size == 4);
+    CHECK(out.window->snap_b == "5:5:");
+    CHECK(out.events.size() == 2);
+    CHECK_FALSE(out.full);
+    CHECK(out.deliveries_due);
+    CHECK(out.next_due == std::chrono::milliseconds(70));
+
+    SUBCASE("no page may be read (the queue is full), no delivery due: nothing runs") {
+        scripted_port idle;
+        r.window.reset();
+        r.deliveries_due = false;
+        const auto nothing = run_claim(idle, r);
+        CHECK(idle.calls.empty());
+        CHECK_FALSE(nothing.window);
+    }
 }

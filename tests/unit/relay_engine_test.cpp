@@ -1095,3 +1095,207 @@ TEST_CASE("relay engine: while every destination's circuit is open nothing is cl
     h.answer(h.one<send_command>(), ok());
     CHECK(h.engine.circuit(0) == circuit_state::closed);
 }
+
+// ---- relay.consume = "windows" ------------------------------------------------
+
+namespace {
+
+config windows_config(std::size_t concurrency = 4) {
+    auto c = one_destination(concurrency);
+    c.consume = "windows";
+    return c;
+}
+
+std::vector<taken_cursor> cursors_at(const std::string& a) {
+    std::vector<taken_cursor> out;
+    for (int s = 0; s < window_slots; ++s) out.push_back({s, a, std::nullopt, 0, 3});
+    return out;
+}
+
+window_event_read window_event(std::int64_t id, std::optional<std::string> key = std::nullopt) {
+    window_event_read r;
+    r.e = make_event(id, std::move(key));
+    r.e.attempt = 0;
+    r.slot = static_cast<int>(id % window_slots);
+    return r;
+}
+
+// Starts a windows engine, gives it every cursor at "1:1:", and returns the
+// claim that reads the first window.
+claim_command start_reading(harness& h) {
+    const auto first = h.start();
+    CHECK(first.request.windows);
+    CHECK_FALSE(first.request.window);  // no cursor yet
+    CHECK(h.engine.windows() != nullptr);
+    h.engine.cursors_taken(cursors_at("1:1:"));
+    h.claim_returns({});
+    return h.one<claim_command>();
+}
+
+void page_returns(harness& h, std::vector<window_event_read> events, bool full = false) {
+    claim_outcome o;
+    o.window = window_page{"9:9:", std::move(events), full};
+    o.started = h.clock.now;
+    o.done = h.clock.now;
+    h.engine.claimed(std::move(o));
+    h.step();
+}
+
+}  // namespace
+
+TEST_CASE("relay engine, windows: a key's events go out one at a time with no write between them; the "
+          "checkpoint moves past them") {
+    harness h(windows_config(4));
+    h.engine.start("msg_0000000000000001_");
+    h.step();
+    CHECK(h.has<take_cursors_command>());
+    CHECK(h.armed(relay_timer::checkpoint));
+    h.claim_returns({});
+    h.engine.cursors_taken(cursors_at("1:1:"));
+    h.step();
+    const auto read = h.one<claim_command>();
+    REQUIRE(read.request.window);
+    CHECK(read.request.window->snap_a == "1:1:");
+    CHECK_FALSE(read.request.window->slots);
+
+    page_returns(h, {window_event(1, "k"), window_event(2, "k"), window_event(3, "k"), window_event(4)});
+    auto sends = h.all<send_command>();
+    CHECK(ids(sends) == std::vector<std::int64_t>{1, 4});
+    CHECK(sends[0].e->attempt == 1);
+    for (std::int64_t next = 2; next <= 3; ++next) {
+        h.answer(sends[0], ok());
+        CHECK_FALSE(h.has<write_outcomes_command>());  // nothing to write for a delivered window event
+        sends = h.all<send_command>();
+        REQUIRE(sends.size() == 1);
+        CHECK(sends[0].e->id == next);
+    }
+    h.answer(sends[0], ok());
+    CHECK(h.engine.windows()->in_flight() == 1);  // 4
+    CHECK_FALSE(h.has<write_outcomes_command>());
+}
+
+TEST_CASE("relay engine, windows: the checkpoint is written once a second when it moved; cleanup follows it") {
+    harness h(windows_config(4));
+    h.engine.start("msg_0000000000000001_");
+    h.step();
+    auto timer = *h.armed(relay_timer::checkpoint);
+    h.claim_returns({});
+    h.engine.cursors_taken(cursors_at("1:1:"));
+    h.step();
+    page_returns(h, {window_event(1), window_event(2)});
+    const auto sends = h.all<send_command>();
+    REQUIRE(sends.size() == 2);
+    h.answer(sends[0], ok());
+    h.answer(sends[1], ok());
+    h.clock.advance(relay_engine::checkpoint_interval);
+    h.engine.timer_fired(relay_timer::checkpoint, timer.generation);
+    h.step();
+    const auto checkpoint = h.one<checkpoint_command>();
+    CHECK(checkpoint.position.snap_a == "9:9:");  // the window ended and settled: its B
+    CHECK_FALSE(checkpoint.position.snap_b);
+    CHECK(checkpoint.position.epochs.front() == 3);
+    timer = *h.armed(relay_timer::checkpoint);
+    h.engine.checkpointed(checkpoint.position, checkpoint.position.slots.size());
+    h.step();
+    CHECK(h.one<housekeeping_command>().job == housekeeping_job::window_cleanup);
+    h.clock.advance(relay_engine::checkpoint_interval);
+    h.engine.timer_fired(relay_timer::checkpoint, timer.generation);
+    h.step();
+    CHECK_FALSE(h.has<checkpoint_command>());  // nothing moved
+}
+
+TEST_CASE("relay engine, windows: a failed event is parked, and its key's later events behind it, in order") {
+    harness h(windows_config(4));
+    (void)start_reading(h);
+    page_returns(h, {window_event(1, "k"), window_event(2, "k"), window_event(3)});
+    auto sends = h.all<send_command>();
+    REQUIRE(ids(sends) == std::vector<std::int64_t>{1, 3});
+    h.answer(sends[0], server_error());
+    auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->parks.size() == 1);
+    CHECK(write.batch->parks[0].id == 1);
+    CHECK(write.batch->parks[0].epoch == 3);
+    REQUIRE(write.batch->parks[0].owed.size() == 1);
+    CHECK(write.batch->parks[0].owed[0].destination == "a");
+    CHECK(write.batch->parks[0].owed[0].attempts == 1);
+    CHECK_FALSE(h.has<send_command>());  // 2 is not sent: its key is parked
+    h.engine.outcomes_written(0);
+    h.step();
+    write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->parks.size() == 1);
+    CHECK(write.batch->parks[0].id == 2);
+    CHECK(write.batch->parks[0].owed[0].due_in == 0ms);
+    CHECK(write.batch->parks[0].owed[0].attempts == 0);
+    h.engine.outcomes_written(0);
+    h.step();
+    // The parks' deliveries are due: the next claim asks for deliveries.
+    h.answer(sends[1], ok());
+    const auto claim = h.all<claim_command>();
+    REQUIRE_FALSE(claim.empty());
+    CHECK(claim.back().request.deliveries_due);
+}
+
+TEST_CASE("relay engine, windows: a checkpoint fenced out drops the cursors; shutdown hands the position over") {
+    SUBCASE("fenced") {
+        harness h(windows_config(4));
+        (void)start_reading(h);
+        page_returns(h, {window_event(1)});
+        const auto send = h.one<send_command>();
+        h.answer(send, ok());
+        const auto checkpoint = *h.engine.windows()->checkpoint();
+        h.engine.checkpointed(checkpoint, 0);
+        h.step();
+        CHECK_FALSE(h.engine.windows()->holding());
+    }
+    SUBCASE("shutdown") {
+        harness h(windows_config(4));
+        (void)start_reading(h);
+        page_returns(h, {window_event(1), window_event(2)});
+        const auto sends = h.all<send_command>();
+        h.answer(sends[1], ok());
+        h.engine.signalled(15);
+        h.step();
+        CHECK_FALSE(h.has<finish_command>());  // 1 is still being sent
+        h.answer(sends[0], ok());
+        const auto finish = h.one<finish_command>();
+        REQUIRE(finish.cursors);
+        CHECK(finish.cursors->snap_a == "9:9:");
+        CHECK(finish.cursors->slots.size() == 64);
+        CHECK(finish.last.empty());
+    }
+}
+
+TEST_CASE("relay engine, windows: events held back for their key do not make it read again; a full queue "
+          "reads again once it has room") {
+    harness h(windows_config(4));
+    (void)start_reading(h);
+    SUBCASE("held back for their key") {
+        page_returns(h, {window_event(1, "k"), window_event(2, "k"), window_event(3, "k")});
+        CHECK(h.all<send_command>().size() == 1);
+        CHECK_FALSE(h.has<claim_command>());  // 2 and 3 wait for 1, not for the database
+    }
+    SUBCASE("a full queue") {
+        std::vector<window_event_read> page;
+        for (std::int64_t id = 1; id <= static_cast<std::int64_t>(relay_engine::window_queue_limit); ++id) {
+            page.push_back(window_event(id, "k"));  // one key: one at a time
+        }
+        page_returns(h, std::move(page), true);
+        auto sends = h.all<send_command>();
+        REQUIRE(sends.size() == 1);
+        // The page was full: the engine claims again, but the queue has no room for a page.
+        const auto again = h.one<claim_command>();
+        CHECK_FALSE(again.request.window);
+        h.claim_returns({});
+        CHECK_FALSE(h.has<claim_command>());
+        // Sent one by one until the queue is half empty: then a read.
+        bool read = false;
+        for (std::size_t i = 0; i < relay_engine::window_queue_limit && !read; ++i) {
+            sends = h.all<send_command>();
+            REQUIRE(sends.size() == 1);
+            h.answer(sends[0], ok());
+            for (const auto& c : h.all<claim_command>()) read = read || c.request.window.has_value();
+        }
+        CHECK(read);
+        CHECK(h.engine.windows()->queued() < relay_engine::window_queue_limit / 2);
+    }
+}

@@ -1,0 +1,65 @@
+// The relay's windows (relay.consume = "windows"): the window statements of
+// store_windows.cpp in the engine's terms (core/window_reader.hpp).
+#include <algorithm>
+#include <numeric>
+
+#include "pg/event_columns.hpp"
+#include "pg/store.hpp"
+
+namespace outboxd::pg {
+
+window_read_result store::read_window_page(const window_read_request& request) {
+    auto read = read_window(request.snap_a, request.snap_b, request.done_below, request.slots, request.limit,
+                            known_destinations_);
+    window_read_result out;
+    out.page.snap_b = std::move(read.snap_b);
+    out.page.full = read.events.size() == request.limit;
+    out.deliveries_due = read.deliveries_due;
+    if (read.next_due_ms) out.next_due = std::chrono::milliseconds(std::max<std::int64_t>(0, *read.next_due_ms));
+    out.page.events.reserve(read.events.size());
+    for (auto& w : read.events) {
+        window_event_read r;
+        r.slot = w.slot;
+        r.key_pending = w.key_pending;
+        r.due = w.available_at_us <= read.now_us;
+        auto& e = r.e;
+        e.id = w.id;
+        e.topic = std::move(w.topic);
+        e.ordering_key = std::move(w.ordering_key);
+        e.payload = std::move(w.payload);
+        try {
+            e.headers = parse_headers(w.headers.c_str());
+        } catch (const std::exception&) {
+            e.undecodable = undecodable_headers;
+        }
+        e.only_to = std::move(w.destinations);
+        e.age_at_claim = std::chrono::microseconds(std::max<std::int64_t>(0, w.age_us));
+        out.page.events.push_back(std::move(r));
+    }
+    return out;
+}
+
+std::vector<taken_cursor> store::take_free_cursors() {
+    std::vector<int> slots(window_slots);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::vector<taken_cursor> out;
+    for (auto& c : take_cursors(slots)) {
+        out.push_back({c.slot, std::move(c.snap_a), std::move(c.snap_b), c.done_below, c.epoch});
+    }
+    return out;
+}
+
+std::size_t store::checkpoint_cursors(const cursor_checkpoint& p) {
+    return checkpoint_cursors(p.slots, p.epochs, p.snap_a, p.snap_b, p.done_below);
+}
+
+std::size_t store::release_cursors(const cursor_checkpoint& p) { return release_cursors(p.slots, p.epochs); }
+
+std::size_t store::write_parks(const std::vector<window_park>& parks) {
+    std::vector<store::window_park> rows;
+    rows.reserve(parks.size());
+    for (const auto& p : parks) rows.push_back({p.id, p.epoch, p.owed, p.dead});
+    return park_window_events(rows).size();
+}
+
+}  // namespace outboxd::pg
