@@ -1128,6 +1128,9 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- are invisible to the statement. The window is materialized before the
 -- ORDER BY ... LIMIT, so the planner cannot walk the primary key in id order
 -- instead, through every event that is not in the window.
+-- Events fanned out are left out: an earlier read parked them in
+-- `deliveries`, which owes them now (read again after a restart from an
+-- older checkpoint, they would be sent a second time as fresh).
 WITH s AS MATERIALIZED (
     SELECT $1::pg_snapshot AS a, coalesce($2::pg_snapshot, pg_current_snapshot()) AS b
 ), w AS MATERIALIZED (
@@ -1136,12 +1139,14 @@ WITH s AS MATERIALIZED (
     WHERE e.txid >= pg_snapshot_xmax(s.a) AND e.txid < pg_snapshot_xmax(s.b)
       AND pg_visible_in_snapshot(e.txid, s.b)
       AND e.id >= $3::bigint
+      AND NOT e.fanned_out
     UNION ALL
     SELECT e.id, e.ordering_key, e.available_at
     FROM s, pg_snapshot_xip(s.a) AS x(txid)
     JOIN :"schema".events e ON e.txid = x.txid
     WHERE pg_visible_in_snapshot(x.txid, s.b)
       AND e.id >= $3::bigint
+      AND NOT e.fanned_out
 ), page AS (
     SELECT array_agg(p.id) AS ids, array_agg(p.ordering_key) AS ordering_keys, array_agg(p.slot) AS slots,
            array_agg((extract(epoch FROM p.available_at) * 1000000)::bigint) AS available_at_us

@@ -232,6 +232,18 @@ public:
         std::optional<std::string> ordering_key;
         int slot = 0;
         std::int64_t available_at_us = 0;  // microseconds since the epoch
+        // The key has deliveries waiting (the claim's key_pending), or an
+        // earlier event of it from before windows (txid NULL) is still in the
+        // outbox: the event must queue behind them (be parked), not be sent.
+        bool key_pending = false;
+        std::string topic;
+        std::string payload;  // JSON text
+        std::string headers;  // JSON object text
+        std::int64_t created_at_us = 0;  // microseconds since the epoch
+        // A replayed event's destinations: it goes to these only (by name);
+        // empty: to every destination its topic routes to.
+        std::vector<std::string> destinations;
+        std::int64_t age_us = 0;  // now() - created_at, by the database's clock
     };
     struct window_read {
         std::string snap_b;        // the window's end: pass it to the next chunk, then it becomes A
@@ -239,14 +251,20 @@ public:
         std::uint64_t b_xmax = 0;
         std::int64_t now_us = 0;         // the statement's now(), to judge available_at by
         std::vector<window_event> events;  // id order; max_events of them: there may be more
+        // Some delivery to one of the read's destinations is due now.
+        bool deliveries_due = false;
+        // Milliseconds until the earliest delivery not due yet (any
+        // destination; a retry or a lease running out); nullopt: none.
+        std::optional<std::int64_t> next_due_ms;
     };
     // The events committed after snap_a and visible in snap_b (nullopt: a
     // snapshot taken now), ids from done_below on, of `slots` (nullopt: all),
-    // at most max_events. The next chunk of a window: the same A and B,
-    // done_below = last id + 1.
+    // at most max_events, with their bodies; events already fanned out are
+    // left out. The next chunk of a window: the same A and B, done_below =
+    // last id + 1. destinations: those deliveries_due is about (the relay's).
     [[nodiscard]] window_read read_window(const std::string& snap_a, const std::optional<std::string>& snap_b,
                                           std::int64_t done_below, const std::optional<std::vector<int>>& slots,
-                                          std::size_t max_events);
+                                          std::size_t max_events, std::span<const std::string> destinations);
     struct window_event_body {
         std::int64_t id = 0;
         std::string topic;

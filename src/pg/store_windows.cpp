@@ -47,7 +47,8 @@ constexpr std::size_t max_error_bytes = 2048;
 
 store::window_read store::read_window(const std::string& snap_a, const std::optional<std::string>& snap_b,
                                       std::int64_t done_below, const std::optional<std::vector<int>>& slots,
-                                      std::size_t max_events) {
+                                      std::size_t max_events, std::span<const std::string> destinations) {
+    (void)destinations;
     const std::optional<std::string> slot_list =
         slots ? std::optional<std::string>(number_array(*slots, [](int s) { return s; })) : std::nullopt;
     return session_.run([&](pqxx::connection& c) {
@@ -66,7 +67,7 @@ store::window_read store::read_window(const std::string& snap_a, const std::opti
         out.b_xmax = parse_number<std::uint64_t>(row[col::b_xmax].as<std::string>());
         out.now_us = row[col::now_us].as<std::int64_t>();
         for_each_element(row[col::ids], [&](std::optional<std::string> v) {
-            out.events.push_back({.id = parse_number<std::int64_t>(v.value()), .ordering_key = std::nullopt, .slot = 0, .available_at_us = 0});
+            out.events.emplace_back().id = parse_number<std::int64_t>(v.value());
         });
         std::size_t i = 0;
         const auto next = [&](const char* what) -> window_event& {

@@ -65,7 +65,7 @@ std::vector<std::int64_t> next_window(pg::store& s, std::string& a, std::size_t 
     std::optional<std::string> b;
     std::int64_t from = 0;
     for (;;) {
-        const auto w = s.read_window(a, b, from, slots, chunk);
+        const auto w = s.read_window(a, b, from, slots, chunk, {});
         b = w.snap_b;
         for (const auto& e : w.events) ids.push_back(e.id);
         if (w.events.size() < chunk) break;
@@ -269,7 +269,7 @@ TEST_CASE("windows: a large window read in chunks, or by slot, gives the ids of 
     late.exec("COMMIT");
     p.enqueue();  // after B: in no read below
 
-    const auto whole = reader.read_window(a, b, 0, std::nullopt, 1000000);
+    const auto whole = reader.read_window(a, b, 0, std::nullopt, 1000000, {});
     CHECK(whole.snap_b == b);
     REQUIRE(whole.events.size() == 3001);
     std::vector<std::int64_t> ids;
@@ -285,7 +285,7 @@ TEST_CASE("windows: a large window read in chunks, or by slot, gives the ids of 
         std::int64_t from = 0;
         int reads = 0;
         for (;;) {
-            const auto w = reader.read_window(from_a, b, from, std::nullopt, chunk);
+            const auto w = reader.read_window(from_a, b, from, std::nullopt, chunk, {});
             ++reads;
             for (const auto& e : w.events) chunked.push_back(e.id);
             if (w.events.size() < chunk) break;
@@ -302,7 +302,7 @@ TEST_CASE("windows: a large window read in chunks, or by slot, gives the ids of 
     for (int group = 0; group < 4; ++group) {
         std::vector<int> slots;
         for (int s = group; s < 64; s += 4) slots.push_back(s);
-        const auto w = reader.read_window(a, b, 0, slots, 1000000);
+        const auto w = reader.read_window(a, b, 0, slots, 1000000, {});
         for (const auto& e : w.events) {
             CHECK(e.slot % 4 == group);
             if (e.ordering_key) {
@@ -334,7 +334,7 @@ TEST_CASE("windows: the read returns B, both xmaxes and the server's time; the s
     auto reader = db.store("reader");
     const std::string a = snapshot_now(*db.admin);
     (void)db.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = std::nullopt, .idempotency_key = std::nullopt});
-    const auto w = reader.read_window(a, std::nullopt, 0, std::nullopt, 10);
+    const auto w = reader.read_window(a, std::nullopt, 0, std::nullopt, 10, {});
     CHECK(w.events.size() == 1);
     CHECK(w.a_xmax == snapshot_xmax(a));
     CHECK(w.b_xmax == snapshot_xmax(w.snap_b));
@@ -359,7 +359,7 @@ TEST_CASE("windows: ordering keys that need quoting in an array come back as wri
         ids.push_back(db.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = k, .idempotency_key = std::nullopt}));
     }
     const auto unkeyed = db.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = std::nullopt, .idempotency_key = std::nullopt});
-    const auto w = reader.read_window(a, std::nullopt, 0, std::nullopt, 100);
+    const auto w = reader.read_window(a, std::nullopt, 0, std::nullopt, 100, {});
     REQUIRE(w.events.size() == keys.size() + 1);
     for (std::size_t i = 0; i < keys.size(); ++i) {
         CHECK(w.events[i].id == ids[i]);
@@ -391,7 +391,7 @@ TEST_CASE("windows: a cursor is taken from its owner only when its relay is dead
     for (int i = 0; i < 3; ++i) CHECK_FALSE(b.take_cursor("hooks", 5));
 
     const std::string a_snap = snapshot_now(*db.admin);
-    const auto w = a.read_window(mine->snap_a, std::nullopt, 0, std::nullopt, 10);
+    const auto w = a.read_window(mine->snap_a, std::nullopt, 0, std::nullopt, 10, {});
     CHECK(a.checkpoint_cursor("hooks", 5, mine->epoch, mine->snap_a, w.snap_b, 42));
     // Taking it again ourselves (our session was replaced): a new epoch; the old one is fenced.
     const auto again = a.take_cursor("hooks", 5);
@@ -476,11 +476,11 @@ TEST_CASE("windows: migration 0009 applies to an outbox with pending events, del
     CHECK(q("SELECT count(*) FROM {s}.key_holds") == "1");
 
     pg::store reader(testing::database_url(), schema.name(), "reader");
-    const auto fresh = reader.read_window("1:1:", std::nullopt, 0, std::nullopt, 1000);
+    const auto fresh = reader.read_window("1:1:", std::nullopt, 0, std::nullopt, 1000, {});
     CHECK(fresh.events.empty());  // the pending ones have no txid: in no window
     pg::producer producer(testing::database_url(), schema.name());
     const auto after = producer.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = std::nullopt, .idempotency_key = std::nullopt});
-    const auto w = reader.read_window(a, std::nullopt, 0, std::nullopt, 1000);
+    const auto w = reader.read_window(a, std::nullopt, 0, std::nullopt, 1000, {});
     REQUIRE(w.events.size() == 1);
     CHECK(w.events[0].id == after);
 
@@ -537,7 +537,7 @@ TEST_CASE("windows: an event committed before its slot's cursor exists is read b
     const auto before = db.enqueue(window_event("early"));
     const auto cursor = relay.take_cursor("", slot_of(db, "early"));
     REQUIRE(cursor);
-    const auto w = relay.read_window(cursor->snap_a, std::nullopt, 0, std::vector<int>{slot_of(db, "early")}, 100);
+    const auto w = relay.read_window(cursor->snap_a, std::nullopt, 0, std::vector<int>{slot_of(db, "early")}, 100, {});
     REQUIRE(w.events.size() == 1);
     CHECK(w.events[0].id == before);
 }
@@ -559,7 +559,7 @@ TEST_CASE("windows: parked window events of a key are claimed by claim_deliverie
         REQUIRE(c);
         epochs[slot] = c->epoch;
     }
-    const auto w = relay.read_window("1:1:", std::nullopt, 0, std::nullopt, 100);
+    const auto w = relay.read_window("1:1:", std::nullopt, 0, std::nullopt, 100, {});
     REQUIRE(w.events.size() == 4);
     const auto epoch_of = [&](std::size_t i) { return epochs.at(w.events[i].slot); };
     CHECK(w.events[3].id == delayed);
@@ -824,4 +824,151 @@ TEST_CASE("windows: a park that meets its cursor being taken waits for the take,
     CHECK(written.empty());
     CHECK(db.query("SELECT count(*) FROM {s}.deliveries") == "0");
     CHECK(db.query(fmt::format("SELECT fanned_out FROM {{s}}.events WHERE id = {}", e)) == "f");
+}
+
+TEST_CASE("windows: a window read again from an older checkpoint leaves out the events parked by the first read") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    const auto parked = db.enqueue(window_event("k"));
+    const auto sent = db.enqueue(window_event("k"));
+    const auto unkeyed = db.enqueue(window_event());
+    const auto cursor = relay.take_cursor("", slot_of(db, "k"));
+    REQUIRE(cursor);
+    const auto first = relay.read_window(cursor->snap_a, std::nullopt, 0, std::nullopt, 100, {});
+    REQUIRE(first.events.size() == 3);
+    REQUIRE(relay.park_window_events(std::vector<pg::store::window_park>{
+                {.id = parked, .epoch = cursor->epoch, .owed = {owed("hooks", 1, "HTTP 503")}, .dead = {}}}) ==
+            std::vector<std::int64_t>{parked});
+    // The relay restarts from its checkpoint (the same A, B and done_below):
+    // the parked event is owed by its deliveries row now, not by the window.
+    const auto again = relay.read_window(cursor->snap_a, first.snap_b, 0, std::nullopt, 100, {});
+    std::vector<std::int64_t> ids;
+    for (const auto& e : again.events) ids.push_back(e.id);
+    CHECK(ids == std::vector<std::int64_t>{sent, unkeyed});
+    // The same for a read that takes a new B.
+    ids.clear();
+    for (const auto& e : relay.read_window(cursor->snap_a, std::nullopt, 0, std::nullopt, 100, {}).events) ids.push_back(e.id);
+    CHECK(ids == std::vector<std::int64_t>{sent, unkeyed});
+}
+
+TEST_CASE("windows: the read says per event whether its key is pending: deliveries of the key, or an earlier event "
+          "of it from before windows still in the outbox") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
+    // Before windows (txid NULL): "old" has one still to send, "gone" one
+    // already fanned out (its deliveries done), "later" one after the window's.
+    const auto old = db.enqueue(window_event("old"));
+    const auto gone = db.enqueue(window_event("gone"));
+    (void)db.query(fmt::format("WITH u AS (UPDATE {{s}}.events SET txid = NULL, fanned_out = id = {} "
+                               "WHERE id IN ({}, {}) RETURNING 1) SELECT count(*) FROM u",
+                               gone, old, gone));
+    const auto failed = db.enqueue(window_event("k"));  // parked below: "k" has a deliveries row
+    const auto cursor = relay.take_cursor("", slot_of(db, "k"));
+    REQUIRE(cursor);
+    const std::string a = snapshot_now(*db.admin);
+    const auto behind_failed = db.enqueue(window_event("k"));
+    const auto behind_old = db.enqueue(window_event("old"));
+    const auto after_gone = db.enqueue(window_event("gone"));
+    const auto before_later = db.enqueue(window_event("later"));
+    const auto free_key = db.enqueue(window_event("free"));
+    const auto unkeyed = db.enqueue(window_event());
+    const auto later = db.enqueue(window_event("later"));
+    (void)db.query(fmt::format("UPDATE {{s}}.events SET txid = NULL WHERE id = {} RETURNING 1", later));
+    REQUIRE(relay.park_window_events(std::vector<pg::store::window_park>{
+                {.id = failed, .epoch = cursor->epoch, .owed = {owed("hooks", 1, "HTTP 503")}, .dead = {}}}) ==
+            std::vector<std::int64_t>{failed});
+
+    const auto w = relay.read_window(a, std::nullopt, 0, std::nullopt, 100, {});
+    std::map<std::int64_t, bool> pending;
+    for (const auto& e : w.events) pending[e.id] = e.key_pending;
+    CHECK(pending == std::map<std::int64_t, bool>{{behind_failed, true},
+                                                  {behind_old, true},
+                                                  {after_gone, false},
+                                                  {before_later, false},
+                                                  {free_key, false},
+                                                  {unkeyed, false}});
+    // Once the key's deliveries are done, its next window event goes straight out.
+    (void)db.query(fmt::format("DELETE FROM {{s}}.deliveries WHERE event_id = {} RETURNING 1", failed));
+    for (const auto& e : relay.read_window(a, w.snap_b, 0, std::nullopt, 100, {}).events) {
+        CAPTURE(e.id);
+        CHECK(e.key_pending == (e.id == behind_old));
+    }
+}
+
+TEST_CASE("windows: the read says whether deliveries to its destinations are due, and when the next one is") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    const std::string a = snapshot_now(*db.admin);
+    const auto e = db.enqueue(window_event());
+    const std::vector<std::string> hooks{"hooks"}, audit{"audit"}, both{"audit", "hooks"};
+    auto w = relay.read_window(a, std::nullopt, 0, std::nullopt, 100, both);
+    CHECK_FALSE(w.deliveries_due);
+    CHECK_FALSE(w.next_due_ms);
+
+    // One due now at hooks, one at audit in a minute.
+    (void)db.query(fmt::format("WITH i AS (INSERT INTO {{s}}.deliveries (event_id, destination, available_at) "
+                               "VALUES ({0}, 'hooks', now() - interval '1 second'), "
+                               "({0}, 'audit', now() + interval '1 minute') RETURNING 1) SELECT count(*) FROM i",
+                               e));
+    w = relay.read_window(a, std::nullopt, 0, std::nullopt, 100, hooks);
+    CHECK(w.deliveries_due);
+    REQUIRE(w.next_due_ms);
+    CHECK(*w.next_due_ms > 50'000);
+    CHECK(*w.next_due_ms <= 60'000);
+    // Another relay's destination is none of its business.
+    w = relay.read_window(a, std::nullopt, 0, std::nullopt, 100, audit);
+    CHECK_FALSE(w.deliveries_due);
+    w = relay.read_window(a, std::nullopt, 0, std::nullopt, 100, {});
+    CHECK_FALSE(w.deliveries_due);
+    // The earliest one not due yet counts.
+    (void)db.query(fmt::format("INSERT INTO {{s}}.deliveries (event_id, destination, available_at) VALUES "
+                               "({}, 'other', now() + interval '5 seconds') RETURNING 1",
+                               e));
+    w = relay.read_window(a, std::nullopt, 0, std::nullopt, 100, both);
+    CHECK(w.deliveries_due);
+    REQUIRE(w.next_due_ms);
+    CHECK(*w.next_due_ms > 0);
+    CHECK(*w.next_due_ms <= 5'000);
+    CHECK(w.events.size() == 1);
+}
+
+TEST_CASE("windows: the read returns the page's bodies: topic, payload, headers, created_at, a replayed event's "
+          "destinations and its age") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    const std::string a = snapshot_now(*db.admin);
+    pg::new_event plain = window_event("k");
+    plain.topic = "orders.created";
+    plain.payload = R"({"quote":"a \"b\" \\ c","list":[1,2],"nested":{"x":null}})";
+    plain.headers = R"({"x-tenant":"acme, \"inc\""})";
+    const auto first = db.enqueue(plain);
+    const auto replayed = db.enqueue(window_event());
+    (void)db.query(fmt::format("UPDATE {{s}}.events SET destinations = ARRAY['hooks', 'audit'], "
+                               "created_at = now() - interval '1 hour' WHERE id = {} RETURNING 1",
+                               replayed));
+    const auto w = relay.read_window(a, std::nullopt, 0, std::nullopt, 100, {});
+    REQUIRE(w.events.size() == 2);
+    const auto& e = w.events[0];
+    CHECK(e.id == first);
+    CHECK(e.topic == "orders.created");
+    CHECK(e.payload == db.query(fmt::format("SELECT payload::text FROM {{s}}.events WHERE id = {}", first)));
+    CHECK(e.payload.find(R"("quote": "a \"b\" \\ c")") != std::string::npos);
+    CHECK(e.headers == R"({"x-tenant": "acme, \"inc\""})");
+    CHECK(std::to_string(e.created_at_us) ==
+          db.query(fmt::format("SELECT (extract(epoch FROM created_at) * 1000000)::bigint FROM {{s}}.events "
+                               "WHERE id = {}",
+                               first)));
+    CHECK(e.destinations.empty());
+    CHECK(e.age_us >= 0);
+    CHECK(e.age_us == w.now_us - e.created_at_us);
+    const auto& r = w.events[1];
+    CHECK(r.id == replayed);
+    CHECK(r.topic == "t");
+    CHECK(r.payload == R"({"n": 1})");
+    CHECK(r.headers == "{}");
+    CHECK(r.destinations == std::vector<std::string>{"hooks", "audit"});
+    CHECK(r.age_us >= 3600LL * 1000 * 1000);
+    CHECK(r.age_us < 3700LL * 1000 * 1000);
 }
