@@ -173,7 +173,7 @@ public:
     [[nodiscard]] std::size_t checkpoint_cursors(const cursor_checkpoint& position);
     [[nodiscard]] std::size_t release_cursors(const cursor_checkpoint& position);
     // park_window_events for a batch's parks.
-    std::size_t write_parks(const std::vector<window_park>& parks);
+    std::size_t write_parks(const std::vector<outboxd::window_park>& parks);
 
     // Publishes one circuit's state (a JSON object) on our relays row
     // (sql/0007); reset_circuits: all closed (a reload's new engine).

@@ -40,22 +40,30 @@ window_read_result store::read_window_page(const window_read_request& request) {
 }
 
 std::vector<taken_cursor> store::take_free_cursors() {
-    std::vector<int> slots(window_slots);
-    std::iota(slots.begin(), slots.end(), 0);
     std::vector<taken_cursor> out;
-    for (auto& c : take_cursors(slots)) {
-        out.push_back({c.slot, std::move(c.snap_a), std::move(c.snap_b), c.done_below, c.epoch});
+    for (int slot = 0; slot < window_slots; ++slot) {
+        if (auto c = take_cursor("", slot)) {
+            out.push_back({slot, std::move(c->snap_a), std::move(c->snap_b), c->done_below, c->epoch});
+        }
     }
     return out;
 }
 
 std::size_t store::checkpoint_cursors(const cursor_checkpoint& p) {
-    return checkpoint_cursors(p.slots, p.epochs, p.snap_a, p.snap_b, p.done_below);
+    std::size_t written = 0;
+    for (std::size_t i = 0; i < p.slots.size(); ++i) {
+        written += checkpoint_cursor("", p.slots[i], p.epochs[i], p.snap_a, p.snap_b, p.done_below) ? 1 : 0;
+    }
+    return written;
 }
 
-std::size_t store::release_cursors(const cursor_checkpoint& p) { return release_cursors(p.slots, p.epochs); }
+std::size_t store::release_cursors(const cursor_checkpoint& p) {
+    std::size_t released = 0;
+    for (std::size_t i = 0; i < p.slots.size(); ++i) released += release_cursor("", p.slots[i], p.epochs[i]) ? 1 : 0;
+    return released;
+}
 
-std::size_t store::write_parks(const std::vector<window_park>& parks) {
+std::size_t store::write_parks(const std::vector<outboxd::window_park>& parks) {
     std::vector<store::window_park> rows;
     rows.reserve(parks.size());
     for (const auto& p : parks) rows.push_back({p.id, p.epoch, p.owed, p.dead});

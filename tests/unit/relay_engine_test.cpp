@@ -1221,6 +1221,10 @@ TEST_CASE("relay engine, windows: a failed event is parked, and its key's later 
     CHECK_FALSE(h.has<send_command>());  // 2 is not sent: its key is parked
     h.engine.outcomes_written(0);
     h.step();
+    // Recorded: its deliveries are due, and the next claim asks for them.
+    const auto claims = h.all<claim_command>();
+    REQUIRE_FALSE(claims.empty());
+    CHECK(claims.back().request.deliveries_due);
     write = h.one<write_outcomes_command>();
     REQUIRE(write.batch->parks.size() == 1);
     CHECK(write.batch->parks[0].id == 2);
@@ -1228,11 +1232,9 @@ TEST_CASE("relay engine, windows: a failed event is parked, and its key's later 
     CHECK(write.batch->parks[0].owed[0].attempts == 0);
     h.engine.outcomes_written(0);
     h.step();
-    // The parks' deliveries are due: the next claim asks for deliveries.
     h.answer(sends[1], ok());
-    const auto claim = h.all<claim_command>();
-    REQUIRE_FALSE(claim.empty());
-    CHECK(claim.back().request.deliveries_due);
+    CHECK_FALSE(h.has<write_outcomes_command>());
+    CHECK(h.engine.windows()->in_flight() == 0);
 }
 
 TEST_CASE("relay engine, windows: a checkpoint fenced out drops the cursors; shutdown hands the position over") {
@@ -1275,25 +1277,26 @@ TEST_CASE("relay engine, windows: events held back for their key do not make it 
         CHECK_FALSE(h.has<claim_command>());  // 2 and 3 wait for 1, not for the database
     }
     SUBCASE("a full queue") {
+        const auto limit = static_cast<std::int64_t>(relay_engine::window_queue_limit);
         std::vector<window_event_read> page;
-        for (std::int64_t id = 1; id <= static_cast<std::int64_t>(relay_engine::window_queue_limit); ++id) {
-            page.push_back(window_event(id, "k"));  // one key: one at a time
-        }
+        for (std::int64_t id = 1; id <= limit; ++id) page.push_back(window_event(id, "k"));  // one at a time
         page_returns(h, std::move(page), true);
-        auto sends = h.all<send_command>();
-        REQUIRE(sends.size() == 1);
-        // The page was full: the engine claims again, but the queue has no room for a page.
-        const auto again = h.one<claim_command>();
-        CHECK_FALSE(again.request.window);
+        auto send = h.one<send_command>();
+        // The page was full: the next read has room for the one event handed out.
+        auto again = h.one<claim_command>();
+        REQUIRE(again.request.window);
+        CHECK(again.request.window->limit == 1);
+        page_returns(h, {window_event(limit + 1, "k")}, true);
+        again = h.one<claim_command>();
+        CHECK_FALSE(again.request.window);  // no room
         h.claim_returns({});
         CHECK_FALSE(h.has<claim_command>());
         // Sent one by one until the queue is half empty: then a read.
         bool read = false;
-        for (std::size_t i = 0; i < relay_engine::window_queue_limit && !read; ++i) {
-            sends = h.all<send_command>();
-            REQUIRE(sends.size() == 1);
-            h.answer(sends[0], ok());
+        for (std::int64_t i = 0; i < limit && !read; ++i) {
+            h.answer(send, ok());
             for (const auto& c : h.all<claim_command>()) read = read || c.request.window.has_value();
+            send = h.one<send_command>();
         }
         CHECK(read);
         CHECK(h.engine.windows()->queued() < relay_engine::window_queue_limit / 2);
