@@ -1004,3 +1004,26 @@ TEST_CASE("windows: the read's probe for an earlier event of the key from before
     // probes), not one per row of its key.
     CHECK(buffers < 600);
 }
+
+TEST_CASE("windows: a relay session does not JIT-compile the read of a large window") {
+    installed db("win");
+    const std::string a = snapshot_now(*db.admin);
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
+                   "FROM generate_series(1, 20000) g");
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    auto c = testing::connect();
+    pqxx::nontransaction tx(*c);
+    tx.exec("ANALYZE " + db.schema.q() + ".events");
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    // Unprepared, as the store runs it: a custom plan, whose estimated cost
+    // grows with the page and passes jit_above_cost.
+    const auto text = tx.exec_params("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, a, nullptr, 0, nullptr, 1000000,
+                                     "{hooks}")[0][0]
+                          .as<std::string>();
+    const auto explained = nlohmann::json::parse(text)[0];
+    CAPTURE(explained["Plan"].value("Total Cost", 0.0));
+    CHECK_FALSE(explained.contains("JIT"));
+}
