@@ -30,6 +30,14 @@ ALTER TABLE :"schema".events ALTER COLUMN txid SET DEFAULT pg_current_xact_id();
 -- rows from before windows are never read through it.
 CREATE INDEX events_txid_idx ON :"schema".events (txid, id) WHERE txid IS NOT NULL;
 
+-- The events from before windows, by key: a window event must wait behind
+-- an earlier one of its key still to send (read_window's key_pending).
+-- Through events_ordering_key_idx that probe would visit every row of the
+-- key below the event; no new row enters this index, so producers pay
+-- nothing for it and it empties as the old rows are delivered.
+CREATE INDEX events_pre_window_key_idx ON :"schema".events (ordering_key, id)
+    WHERE txid IS NULL AND ordering_key IS NOT NULL;
+
 -- Which of the 64 slots an event belongs to: several relays split the
 -- outbox by slot, and all events of one ordering key share a slot (unkeyed
 -- events spread by id). Computed by the window read, not stored: a stored

@@ -36,10 +36,10 @@ measure() {  # label slots(SQL) generic(0|1) [done_below limit] -> "label median
   for _ in $(seq "$runs"); do
     if ((generic)); then
       out=$(psql_ -c "SET plan_cache_mode = force_generic_plan" \
-        -c "PREPARE rw(pg_snapshot, pg_snapshot, bigint, int[], bigint) AS $sql" \
-        -c "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE rw('$a', '$b', $from, $slots, $limit)" -At)
+        -c "PREPARE rw(pg_snapshot, pg_snapshot, bigint, int[], bigint, text[]) AS $sql" \
+        -c "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE rw('$a', '$b', $from, $slots, $limit, '{hooks}')" -At)
     else
-      out=$(psql_ -At -c "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) $(echo "$sql" | sed "s/\$1::pg_snapshot/'$a'::pg_snapshot/; s/\$2::pg_snapshot/'$b'::pg_snapshot/; s/\$3::bigint/$from::bigint/g; s/\$4::int\[\]/$slots::int[]/g; s/\$5::bigint/$limit::bigint/")")
+      out=$(psql_ -At -c "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) $(echo "$sql" | sed "s/\$1::pg_snapshot/'$a'::pg_snapshot/; s/\$2::pg_snapshot/'$b'::pg_snapshot/; s/\$3::bigint/$from::bigint/g; s/\$4::int\[\]/$slots::int[]/g; s/\$5::bigint/$limit::bigint/; s/\$6::text\[\]/'{hooks}'::text[]/")")
     fi
     times+=("$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Execution Time"])')")
     bufs+=("$(echo "$out" | /usr/bin/python3 -c 'import json,sys; p=json.load(sys.stdin)[0]["Plan"]; print(p["Shared Hit Blocks"]+p["Shared Read Blocks"])')")
@@ -64,6 +64,6 @@ done
 measure "custom, chunk 1000, first" "NULL" 0 0 1000
 measure "custom, chunk 1000, last" "NULL" 0 219001 1000
 echo "plan (generic, no filter):"
-psql_ -c "SET plan_cache_mode = force_generic_plan" -c "PREPARE rw(pg_snapshot, pg_snapshot, bigint, int[], bigint) AS $sql" \
-  -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE rw('$a', '$b', 0, NULL, 1000000)"
+psql_ -c "SET plan_cache_mode = force_generic_plan" -c "PREPARE rw(pg_snapshot, pg_snapshot, bigint, int[], bigint, text[]) AS $sql" \
+  -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE rw('$a', '$b', 0, NULL, 1000000, '{hooks}')"
 psql_ -c "DROP SCHEMA $s CASCADE"

@@ -1108,7 +1108,7 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- in memory and writes it to `cursors` only as a fenced checkpoint.
 
 -- name: read_window
--- params: snap_a, snap_b, done_below, slots, max_events
+-- params: snap_a, snap_b, done_below, slots, max_events, destinations
 -- The window's events in id order: at most max_events of them, from id
 -- done_below on (a resumed window; the next chunk of a large one passes its
 -- last id + 1, with the same A and B). snap_b NULL: B is this statement's
@@ -1131,32 +1131,53 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- Events fanned out are left out: an earlier read parked them in
 -- `deliveries`, which owes them now (read again after a restart from an
 -- older checkpoint, they would be sent a second time as fresh).
+-- The page's bodies come with it (one round trip), and per event
+-- key_pending: its key has deliveries waiting (as the claim judges it), or
+-- an earlier event of its key from before windows (txid NULL) is still to
+-- be sent; then the relay parks it behind them. Both are computed for the
+-- page only (after the LIMIT), the bodies by ctid, a TID scan of the row
+-- version `w` read (LIMIT 1 keeps it a nested loop: a custom plan otherwise
+-- hash-joined the page with a scan of the whole table). Once per call: whether deliveries to `destinations`
+-- (the relay's) are due, and milliseconds until the earliest one that is
+-- not due yet (as the claim's next_due_ms, over deliveries only).
 WITH s AS MATERIALIZED (
     SELECT $1::pg_snapshot AS a, coalesce($2::pg_snapshot, pg_current_snapshot()) AS b
 ), w AS MATERIALIZED (
-    SELECT e.id, e.ordering_key, e.available_at
+    SELECT e.id, e.ordering_key, e.available_at, e.ctid AS tid
     FROM s, :"schema".events e
     WHERE e.txid >= pg_snapshot_xmax(s.a) AND e.txid < pg_snapshot_xmax(s.b)
       AND pg_visible_in_snapshot(e.txid, s.b)
       AND e.id >= $3::bigint
       AND NOT e.fanned_out
     UNION ALL
-    SELECT e.id, e.ordering_key, e.available_at
+    SELECT e.id, e.ordering_key, e.available_at, e.ctid
     FROM s, pg_snapshot_xip(s.a) AS x(txid)
     JOIN :"schema".events e ON e.txid = x.txid
     WHERE pg_visible_in_snapshot(x.txid, s.b)
       AND e.id >= $3::bigint
       AND NOT e.fanned_out
+), p AS MATERIALIZED (
+    SELECT w.id, w.ordering_key, :"schema".event_slot(w.ordering_key, w.id) AS slot, w.available_at, w.tid
+    FROM w
+    WHERE $4::int[] IS NULL OR :"schema".event_slot(w.ordering_key, w.id) = ANY ($4::int[])
+    ORDER BY w.id
+    LIMIT $5::bigint
 ), page AS (
     SELECT array_agg(p.id) AS ids, array_agg(p.ordering_key) AS ordering_keys, array_agg(p.slot) AS slots,
-           array_agg((extract(epoch FROM p.available_at) * 1000000)::bigint) AS available_at_us
-    FROM (
-        SELECT w.id, w.ordering_key, :"schema".event_slot(w.ordering_key, w.id) AS slot, w.available_at
-        FROM w
-        WHERE $4::int[] IS NULL OR :"schema".event_slot(w.ordering_key, w.id) = ANY ($4::int[])
-        ORDER BY w.id
-        LIMIT $5::bigint
-    ) AS p
+           array_agg((extract(epoch FROM p.available_at) * 1000000)::bigint) AS available_at_us,
+           array_agg(p.ordering_key IS NOT NULL AND (
+               EXISTS (SELECT 1 FROM :"schema".deliveries d WHERE d.ordering_key = p.ordering_key)
+               OR EXISTS (SELECT 1 FROM :"schema".events o
+                          WHERE o.ordering_key = p.ordering_key AND o.txid IS NULL AND NOT o.fanned_out
+                            AND o.id < p.id))) AS key_pending,
+           array_agg(e.topic) AS topics, array_agg(e.payload::text) AS payloads,
+           array_agg(e.headers::text) AS headers,
+           array_agg((extract(epoch FROM e.created_at) * 1000000)::bigint) AS created_at_us,
+           array_agg(array_to_string(e.destinations, ',')) AS destinations,
+           array_agg((extract(epoch FROM now() - e.created_at) * 1000000)::bigint) AS age_us
+    FROM (SELECT * FROM p ORDER BY p.id) AS p
+    CROSS JOIN LATERAL (SELECT e.topic, e.payload, e.headers, e.created_at, e.destinations
+                        FROM :"schema".events e WHERE e.ctid = p.tid LIMIT 1) AS e
 )
 SELECT s.b::text AS snap_b,
        pg_snapshot_xmax(s.a)::text AS a_xmax,
@@ -1165,7 +1186,19 @@ SELECT s.b::text AS snap_b,
        coalesce(page.ids, '{}') AS ids,
        coalesce(page.ordering_keys, '{}') AS ordering_keys,
        coalesce(page.slots, '{}') AS slots,
-       coalesce(page.available_at_us, '{}') AS available_at_us
+       coalesce(page.available_at_us, '{}') AS available_at_us,
+       coalesce(page.key_pending, '{}') AS key_pending,
+       coalesce(page.topics, '{}') AS topics,
+       coalesce(page.payloads, '{}') AS payloads,
+       coalesce(page.headers, '{}') AS headers,
+       coalesce(page.created_at_us, '{}') AS created_at_us,
+       coalesce(page.destinations, '{}') AS destinations,
+       coalesce(page.age_us, '{}') AS age_us,
+       EXISTS (SELECT 1 FROM :"schema".deliveries
+               WHERE available_at <= now() AND destination = ANY ($6::text[])) AS deliveries_due,
+       -- ORDER BY ... LIMIT 1, not min(): as in the claim
+       ceil(extract(epoch FROM (SELECT available_at FROM :"schema".deliveries WHERE available_at > now()
+                                ORDER BY available_at LIMIT 1) - now()) * 1000)::bigint AS next_due_ms
 FROM s, page;
 
 -- name: fetch_events

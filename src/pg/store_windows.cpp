@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <stdexcept>
+#include <string_view>
 
 #include <pqxx/pqxx>
 
@@ -40,6 +41,19 @@ void for_each_element(const pqxx::field& f, Each each) {
     }
 }
 
+// A replayed event's destinations, joined by ',' (array_to_string in the
+// read, as in the claim): destination names never hold one.
+std::vector<std::string> destination_names(std::string_view list) {
+    std::vector<std::string> out;
+    while (!list.empty()) {
+        const auto comma = list.find(',');
+        out.emplace_back(list.substr(0, comma));
+        if (comma == std::string_view::npos) break;
+        list.remove_prefix(comma + 1);
+    }
+    return out;
+}
+
 // Stored error texts are bounded, as in store.cpp.
 constexpr std::size_t max_error_bytes = 2048;
 
@@ -48,7 +62,6 @@ constexpr std::size_t max_error_bytes = 2048;
 store::window_read store::read_window(const std::string& snap_a, const std::optional<std::string>& snap_b,
                                       std::int64_t done_below, const std::optional<std::vector<int>>& slots,
                                       std::size_t max_events, std::span<const std::string> destinations) {
-    (void)destinations;
     const std::optional<std::string> slot_list =
         slots ? std::optional<std::string>(number_array(*slots, [](int s) { return s; })) : std::nullopt;
     return session_.run([&](pqxx::connection& c) {
@@ -59,31 +72,55 @@ store::window_read store::read_window(const std::string& snap_a, const std::opti
                                                           .snap_b = nullable(snap_b),
                                                           .done_below = done_below,
                                                           .slots = nullable(slot_list),
-                                                          .max_events = static_cast<long long>(max_events)})
+                                                          .max_events = static_cast<long long>(max_events),
+                                                          .destinations = text_array(destinations)})
                              .one();
         window_read out;
         out.snap_b = row[col::snap_b].as<std::string>();
         out.a_xmax = parse_number<std::uint64_t>(row[col::a_xmax].as<std::string>());
         out.b_xmax = parse_number<std::uint64_t>(row[col::b_xmax].as<std::string>());
         out.now_us = row[col::now_us].as<std::int64_t>();
+        out.deliveries_due = row[col::deliveries_due].as<bool>();
+        if (const auto next = row[col::next_due_ms]; !next.is_null()) out.next_due_ms = next.as<std::int64_t>();
         for_each_element(row[col::ids], [&](std::optional<std::string> v) {
             out.events.emplace_back().id = parse_number<std::int64_t>(v.value());
         });
-        std::size_t i = 0;
-        const auto next = [&](const char* what) -> window_event& {
-            if (i >= out.events.size()) throw std::runtime_error(std::string("read_window: more ") + what + " than ids");
-            return out.events[i++];
+        // The other arrays, one element per id, in the same order.
+        const auto each = [&](col column, const char* what, auto set) {
+            std::size_t i = 0;
+            for_each_element(row[column], [&](std::optional<std::string> v) {
+                if (i >= out.events.size()) throw std::runtime_error(std::string("read_window: more ") + what + " than ids");
+                set(out.events[i++], std::move(v));
+            });
+            if (i != out.events.size()) throw std::runtime_error(std::string("read_window: fewer ") + what + " than ids");
         };
-        for_each_element(row[col::ordering_keys], [&](std::optional<std::string> v) {
-            next("ordering keys").ordering_key = std::move(v);
+        each(col::ordering_keys, "ordering keys", [](window_event& e, std::optional<std::string> v) {
+            e.ordering_key = std::move(v);
         });
-        i = 0;
-        for_each_element(row[col::slots], [&](std::optional<std::string> v) {
-            next("slots").slot = parse_number<int>(v.value());
+        each(col::slots, "slots", [](window_event& e, std::optional<std::string> v) {
+            e.slot = parse_number<int>(v.value());
         });
-        i = 0;
-        for_each_element(row[col::available_at_us], [&](std::optional<std::string> v) {
-            next("available_at").available_at_us = parse_number<std::int64_t>(v.value());
+        each(col::available_at_us, "available_at", [](window_event& e, std::optional<std::string> v) {
+            e.available_at_us = parse_number<std::int64_t>(v.value());
+        });
+        each(col::key_pending, "key_pending", [](window_event& e, std::optional<std::string> v) {
+            e.key_pending = v.value() == "t";
+        });
+        each(col::topics, "topics", [](window_event& e, std::optional<std::string> v) { e.topic = std::move(v.value()); });
+        each(col::payloads, "payloads", [](window_event& e, std::optional<std::string> v) {
+            e.payload = std::move(v.value());
+        });
+        each(col::headers, "headers", [](window_event& e, std::optional<std::string> v) {
+            e.headers = std::move(v.value());
+        });
+        each(col::created_at_us, "created_at", [](window_event& e, std::optional<std::string> v) {
+            e.created_at_us = parse_number<std::int64_t>(v.value());
+        });
+        each(col::destinations, "destinations", [](window_event& e, std::optional<std::string> v) {
+            if (v) e.destinations = destination_names(*v);
+        });
+        each(col::age_us, "ages", [](window_event& e, std::optional<std::string> v) {
+            e.age_us = parse_number<std::int64_t>(v.value());
         });
         // The arrays are aggregated from the id-ordered page in one pass;
         // SQL does not promise that order, so it is checked (and restored).

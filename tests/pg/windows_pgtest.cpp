@@ -15,6 +15,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
 #include "core/embedded_sql.hpp"
@@ -971,4 +972,58 @@ TEST_CASE("windows: the read returns the page's bodies: topic, payload, headers,
     CHECK(r.destinations == std::vector<std::string>{"hooks", "audit"});
     CHECK(r.age_us >= 3600LL * 1000 * 1000);
     CHECK(r.age_us < 3700LL * 1000 * 1000);
+}
+
+TEST_CASE("windows: the read's probe for an earlier event of the key from before windows does not walk the key's "
+          "other rows") {
+    installed db("win");
+    // Already read (before A), not deleted by cleanup yet: 3,000 events of
+    // "k" among 27,000 unkeyed ones. The window: 50 more of "k".
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 10 = 0 THEN 'k' END)) "
+                   "FROM generate_series(1, 30000) g");
+    const std::string a = snapshot_now(*db.admin);
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', 'k')) FROM generate_series(1, 50) g");
+    {
+        pqxx::nontransaction tx(*db.admin);
+        tx.exec("ANALYZE " + db.schema.q() + ".events");
+    }
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    REQUIRE_FALSE(sql.empty());
+    // As the store runs it: unprepared, so a custom plan.
+    pqxx::nontransaction tx(*db.admin);
+    const auto text = tx.exec_params("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, a, nullptr, 0, nullptr, 1000,
+                                     "{hooks}")[0][0]
+                          .as<std::string>();
+    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+    const auto buffers = plan.value("Shared Hit Blocks", 0.0) + plan.value("Shared Read Blocks", 0.0);
+    CAPTURE(text);
+    // A few per window event (its heap page, its body by ctid, the two
+    // probes), not one per row of its key.
+    CHECK(buffers < 600);
+}
+
+TEST_CASE("windows: a relay session does not JIT-compile the read of a large window") {
+    installed db("win");
+    const std::string a = snapshot_now(*db.admin);
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
+                   "FROM generate_series(1, 20000) g");
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    auto c = testing::connect();
+    pqxx::nontransaction tx(*c);
+    tx.exec("ANALYZE " + db.schema.q() + ".events");
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    // Unprepared, as the store runs it: a custom plan, whose estimated cost
+    // grows with the page and passes jit_above_cost.
+    const auto text = tx.exec_params("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, a, nullptr, 0, nullptr, 1000000,
+                                     "{hooks}")[0][0]
+                          .as<std::string>();
+    const auto explained = nlohmann::json::parse(text)[0];
+    CAPTURE(explained["Plan"].value("Total Cost", 0.0));
+    CHECK_FALSE(explained.contains("JIT"));
 }
