@@ -1349,25 +1349,34 @@ SELECT id FROM fenced ORDER BY id;
 -- params: batch
 -- Deletes up to `batch` delivered window events (docs/windows-in-the-relay.md,
 -- "Cleanup"): an event read from a window and delivered everywhere leaves
--- no trace but the cursors' move past it. Delivered = committed before the
--- xmin of the checkpointed A of every slot's cursor ('') and not fanned out
--- (a parked event is deleted by delete_finished_events). A slot without a
--- cursor counts as one at the beginning (take_cursor creates it there), so
--- nothing is deleted until all 64 exist: an event of a slot nobody has read
--- is never deleted, and a lagging cursor holds back everything above it.
--- Rows from before windows (txid NULL) are never in the range. In txid
--- order, so the read is a range of events_txid_idx that stops at `batch`
--- rows (a bitmap scan of the whole range cost 13-20 ms a batch of 1,000 on
--- 200,000 delivered events, the ordered scan under 1 ms); deleted by ctid.
+-- no trace but the cursors' move past it. Delivered = committed as seen by
+-- the checkpointed A of its own slot's cursor ('') and not fanned out (a
+-- parked event is deleted by delete_finished_events). By the cursor's
+-- visibility, not below its xmin: a relay with nothing new to read keeps the
+-- B of its last window as A, and a writer that was running when that B was
+-- taken would hold its xmin below the window's events for as long as the
+-- outbox stays quiet. A slot without a cursor counts as one at the
+-- beginning (take_cursor creates it there), so nothing is deleted until all
+-- 64 exist: an event of a slot nobody has read is never deleted. Rows from
+-- before windows (txid NULL) are never in the range. In txid order below
+-- the highest xmax of any A (nothing above it is visible to any cursor), so
+-- the read is a range of events_txid_idx that stops at `batch` rows (a
+-- bitmap scan of the whole range cost 13-20 ms a batch of 1,000 on 200,000
+-- delivered events, the ordered scan under 1 ms); each row's cursor is one
+-- primary-key probe; deleted by ctid. Events a lagging cursor has not passed
+-- are read again at every call, as many as it lags.
 -- Returns how many were deleted; run until it deletes fewer than `batch`.
 WITH gone AS (
     DELETE FROM :"schema".events e
     WHERE e.ctid = ANY (ARRAY(
         SELECT w.ctid
         FROM :"schema".events w
-        WHERE w.txid < (SELECT min(pg_snapshot_xmin(c.snap_a)) FROM :"schema".cursors c
+        WHERE w.txid < (SELECT max(pg_snapshot_xmax(c.snap_a)) FROM :"schema".cursors c
                         WHERE c.destination = '' HAVING count(*) = 64)
           AND NOT w.fanned_out
+          AND pg_visible_in_snapshot(w.txid, (SELECT c.snap_a FROM :"schema".cursors c
+                                              WHERE c.destination = ''
+                                                AND c.slot = :"schema".event_slot(w.ordering_key, w.id)))
         ORDER BY w.txid
         LIMIT $1
         FOR UPDATE OF w SKIP LOCKED))
