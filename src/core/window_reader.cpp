@@ -26,9 +26,28 @@ bool older(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+std::string window_reader::oldest_a(const std::vector<taken_cursor>& cursors) {
+    std::string a = cursors.front().snap_a;
+    for (const auto& c : cursors) {
+        if (older(c.snap_a, a)) a = c.snap_a;
+    }
+    return a;
+}
+
 void window_reader::hold(const std::vector<taken_cursor>& cursors) {
-    if (holding()) throw std::logic_error("window_reader: cursors taken while others are held");
     if (cursors.empty()) return;
+    if (holding()) {
+        // A cursor inside a window restarts it (from its A): what it had
+        // settled there is sent again, which only a takeover after a crash
+        // can cause (a relay hands cursors over at a window boundary).
+        join j{{}, oldest_a(cursors)};
+        for (const auto& c : cursors) {
+            epochs_[c.slot] = c.epoch;
+            j.slots.push_back(c.slot);
+        }
+        joins_.push_back(std::move(j));
+        return;
+    }
     const auto& first = cursors.front();
     const bool one_position = std::all_of(cursors.begin(), cursors.end(), [&](const taken_cursor& c) {
         return c.snap_a == first.snap_a && c.snap_b == first.snap_b && c.done_below == first.done_below;
@@ -36,14 +55,51 @@ void window_reader::hold(const std::vector<taken_cursor>& cursors) {
     for (const auto& c : cursors) epochs_[c.slot] = c.epoch;
     if (one_position) {
         next_a_ = first.snap_a;
-        if (first.snap_b) resume_ = window_snapshots{first.snap_a, first.snap_b, first.done_below, first.done_below};
+        if (first.snap_b) {
+            resume_ = window_snapshots{first.snap_a, first.snap_b, first.done_below, first.done_below, std::nullopt};
+        }
         return;
     }
     // From the oldest A, with a new window: nothing of any slot is skipped.
-    next_a_ = first.snap_a;
-    for (const auto& c : cursors) {
-        if (older(c.snap_a, next_a_)) next_a_ = c.snap_a;
+    next_a_ = oldest_a(cursors);
+}
+
+// The window that brings a joined group and the chain to one position:
+// (their A, our A] for their slots when they are behind, (our A, their A]
+// for ours when we are; then the chain goes on from the later of the two.
+std::optional<window_reader::window_snapshots> window_reader::catch_up() {
+    while (!joins_.empty()) {
+        auto j = std::move(joins_.front());
+        joins_.erase(joins_.begin());
+        if (j.a == next_a_) continue;
+        if (older(j.a, next_a_)) return window_snapshots{j.a, next_a_, 0, 0, std::move(j.slots)};
+        std::vector<int> ours;
+        for (const auto& [slot, epoch] : epochs_) {
+            if (std::find(j.slots.begin(), j.slots.end(), slot) == j.slots.end()) ours.push_back(slot);
+        }
+        return window_snapshots{next_a_, j.a, 0, 0, std::move(ours)};
     }
+    return std::nullopt;
+}
+
+std::optional<cursor_checkpoint> window_reader::shed(std::size_t n) {
+    if (!idle() || !joins_.empty() || resume_ || n == 0 || n >= epochs_.size()) return std::nullopt;
+    cursor_checkpoint c;
+    c.snap_a = next_a_;
+    while (c.slots.size() < n) {
+        const auto last = std::prev(epochs_.end());
+        c.slots.push_back(last->first);
+        c.epochs.push_back(last->second);
+        epochs_.erase(last);
+    }
+    written_.reset();  // the position now covers other slots
+    return c;
+}
+
+std::vector<int> window_reader::slots() const {
+    std::vector<int> out;
+    for (const auto& [slot, epoch] : epochs_) out.push_back(slot);
+    return out;
 }
 
 void window_reader::lose() {
@@ -52,6 +108,7 @@ void window_reader::lose() {
     epochs_.clear();
     next_a_.clear();
     resume_.reset();
+    joins_.clear();
     open_.reset();
     windows_.clear();
     events_.clear();
@@ -63,16 +120,19 @@ std::optional<window_read_request> window_reader::next_read(std::size_t page_siz
     if (!holding() || reading_ || queued() >= queue_limit_ || page_size == 0) return std::nullopt;
     if (!open_) {
         const auto id = seq_->open_window();
-        windows_[id] = resume_ ? *resume_ : window_snapshots{next_a_, std::nullopt, 0, 0};
-        resume_.reset();
+        if (resume_) {
+            windows_[id] = *resume_;
+            resume_.reset();
+        } else if (auto c = catch_up()) {
+            windows_[id] = std::move(*c);
+        } else {
+            windows_[id] = window_snapshots{next_a_, std::nullopt, 0, 0, std::nullopt};
+        }
         open_ = id;
     }
     const auto& w = windows_.at(*open_);
-    window_read_request r{w.a, w.b, w.next_id, std::nullopt, std::min(page_size, queue_limit_ - queued())};
-    if (epochs_.size() < static_cast<std::size_t>(window_slots)) {
-        r.slots.emplace();
-        for (const auto& [slot, epoch] : epochs_) r.slots->push_back(slot);
-    }
+    window_read_request r{w.a, w.b, w.next_id, w.slots, std::min(page_size, queue_limit_ - queued())};
+    if (!r.slots && epochs_.size() < static_cast<std::size_t>(window_slots)) r.slots = slots();
     reading_ = true;
     read_generation_ = generation_;
     return r;
@@ -174,6 +234,8 @@ std::optional<cursor_checkpoint> window_reader::checkpoint() const {
     return c;
 }
 
-bool window_reader::idle() const noexcept { return queued() == 0 && in_flight() == 0 && !open_ && !reading_; }
+bool window_reader::idle() const noexcept {
+    return queued() == 0 && in_flight() == 0 && !open_ && !reading_ && seq_->checkpoint().window == std::nullopt;
+}
 
 }  // namespace outboxd

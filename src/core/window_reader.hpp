@@ -85,9 +85,15 @@ class window_reader {
 public:
     explicit window_reader(std::size_t queue_limit) : queue_limit_(queue_limit) {}
 
-    // The cursors taken, while none is held (taking more while reading is
-    // not supported yet: a logic error).
+    // The cursors taken. Taken while others are held, they join the chain
+    // after the window being read: a catch-up window first brings the side
+    // that is behind (their slots, or ours) to where the other stands, so
+    // that neither sends anything again; then one chain reads them all.
     void hold(const std::vector<taken_cursor>& cursors);
+    // Gives up `n` of the held cursors, only while idle() with no catch-up
+    // pending (a window boundary: nothing of theirs is read and unsettled):
+    // their position, to checkpoint and release. nullopt: not now.
+    [[nodiscard]] std::optional<cursor_checkpoint> shed(std::size_t n);
     // The cursors are no longer ours (a checkpoint was fenced out): forget
     // them and everything read under them; outcomes that still come in for
     // those events are ignored, and nothing more is read until hold().
@@ -130,6 +136,7 @@ public:
     [[nodiscard]] std::size_t in_flight() const noexcept { return seq_->in_flight(); }
     // Nothing read is waiting or unsettled, and the last window read ended.
     [[nodiscard]] bool idle() const noexcept;
+    [[nodiscard]] std::vector<int> slots() const;
 
 private:
     struct window_snapshots {
@@ -137,7 +144,15 @@ private:
         std::optional<std::string> b;
         std::int64_t next_id = 0;  // the next page starts here
         std::int64_t floor = 0;    // a resumed window: settled below this before
+        std::optional<std::vector<int>> slots;  // a catch-up window: these only
     };
+    // Cursors taken while others were held, waiting for their catch-up.
+    struct join {
+        std::vector<int> slots;
+        std::string a;
+    };
+    [[nodiscard]] static std::string oldest_a(const std::vector<taken_cursor>& cursors);
+    [[nodiscard]] std::optional<window_snapshots> catch_up();
     void forget_finished();
 
     std::size_t queue_limit_;
@@ -147,6 +162,7 @@ private:
     // one after hold() (a window the cursors were inside of).
     std::string next_a_;
     std::optional<window_snapshots> resume_;
+    std::vector<join> joins_;
     // The window being read (its last page was full), if any.
     std::optional<window_sequencer::window_id> open_;
     std::map<window_sequencer::window_id, window_snapshots> windows_;

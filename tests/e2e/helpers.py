@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Callable, Iterable
+
+import pytest
+
+
+def claims_only(why: str):
+    """Marks a test of something only claims have (relay.consume = "claims"):
+    skipped when the suite runs its relays reading windows
+    (OUTBOXD_TEST_CONSUME=windows, see conftest.py)."""
+    return pytest.mark.skipif(os.environ.get("OUTBOXD_TEST_CONSUME") == "windows", reason=why)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05):

@@ -173,3 +173,60 @@ TEST_CASE("window reader: losing the cursors drops what was read and a read stil
     r.sent_ok(1);  // an outcome of an event read before: ignored
     CHECK(r.epoch_of(3) == 7);
 }
+
+TEST_CASE("window reader: cursors taken while others are held join after a catch-up window, nothing read twice") {
+    std::vector<taken_cursor> ours = {{0, "10:10:", std::nullopt, 0, 1}, {1, "10:10:", std::nullopt, 0, 1}};
+    SUBCASE("theirs behind: (their A, our A] for their slots, then the chain for all") {
+        window_reader r(100);
+        r.hold(ours);
+        (void)r.next_read(10);
+        r.page_read(page("20:20:", {}, false));  // our chain is at 20:20: now
+        r.hold({{5, "15:15:", std::nullopt, 0, 4}, {6, "12:12:", std::nullopt, 0, 4}});
+        auto q = r.next_read(10);
+        REQUIRE(q);
+        CHECK(q->snap_a == "12:12:");  // the older of theirs
+        CHECK(q->snap_b == "20:20:");
+        CHECK(q->slots == std::vector<int>{5, 6});
+        r.page_read(page("20:20:", {}, false));
+        q = r.next_read(10);
+        CHECK(q->snap_a == "20:20:");
+        CHECK_FALSE(q->snap_b);
+        CHECK(q->slots == std::vector<int>{0, 1, 5, 6});
+        CHECK(r.epoch_of(5) == 4);
+    }
+    SUBCASE("ours behind: (our A, their A] for our slots, then the chain from theirs") {
+        window_reader r(100);
+        r.hold(ours);
+        r.hold({{5, "30:30:", std::nullopt, 0, 4}});
+        auto q = r.next_read(10);
+        CHECK(q->snap_a == "10:10:");
+        CHECK(q->snap_b == "30:30:");
+        CHECK(q->slots == std::vector<int>{0, 1});
+        r.page_read(page("30:30:", {}, false));
+        q = r.next_read(10);
+        CHECK(q->snap_a == "30:30:");
+        CHECK(q->slots == std::vector<int>{0, 1, 5});
+    }
+}
+
+TEST_CASE("window reader: cursors are shed only at a window boundary, at the chain's position") {
+    window_reader r(100);
+    r.hold(every_slot_at("1:1:"));
+    (void)r.next_read(10);
+    CHECK_FALSE(r.shed(32));  // reading
+    r.page_read(page("9:9:", {read(1)}, false));
+    CHECK_FALSE(r.shed(32));  // 1 is queued
+    (void)r.take(1);
+    CHECK_FALSE(r.shed(32));  // 1 is unsettled
+    r.sent_ok(1);
+    const auto shed = r.shed(32);
+    REQUIRE(shed);
+    CHECK(shed->slots.size() == 32);
+    CHECK(shed->snap_a == "9:9:");
+    CHECK_FALSE(shed->snap_b);
+    CHECK(r.slots_held() == 32);
+    const auto q = r.next_read(10);
+    REQUIRE(q->slots);
+    CHECK(q->slots->size() == 32);
+    CHECK(r.checkpoint()->slots.size() == 32);
+}
