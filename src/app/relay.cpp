@@ -734,16 +734,28 @@ private:
 
     // On the claim connection: its session holds the relay's lock, which
     // says to other relays that the cursors' owner is alive.
-    void run(take_cursors_command&) {
-        worker_.submit([this, epoch = epoch_](pg::store& store) {
+    void run(take_cursors_command& c) {
+        worker_.submit([this, epoch = epoch_, held = std::move(c.held)](pg::store& store) {
             try {
-                net::post(ioc_, [this, epoch, taken = store.take_free_cursors()]() mutable {
-                    feed_from(epoch, [&](relay_engine& e) { e.cursors_taken(std::move(taken)); });
+                net::post(ioc_, [this, epoch, got = store.take_free_cursors(held)]() mutable {
+                    feed_from(epoch, [&](relay_engine& e) { e.cursors_taken(std::move(got.taken), got.share); });
                 });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
                     feed_from(epoch, [&](relay_engine& en) { en.cursors_take_failed(why); });
                 });
+            }
+        });
+    }
+
+    void run(release_cursors_command& c) {
+        outcome_worker_.submit([this, position = std::move(c.position)](pg::store& store) {
+            try {
+                (void)store.checkpoint_cursors(position);
+                (void)store.release_cursors(position);
+            } catch (const std::exception& e) {
+                // Still ours: another relay takes them once our session is gone.
+                log::warn("handing window cursors over failed", {{"error", scrub_secrets(e.what(), opts_.dsn)}});
             }
         });
     }

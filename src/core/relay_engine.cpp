@@ -89,12 +89,15 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
         case relay_timer::takeover:
             if (dispatch_.stopping()) break;
             emit(housekeeping_command{housekeeping_job::dead_relays});
-            // Cursors freed by the takeover (their relay died) are ours to take.
-            if (reader_ && !reader_->holding()) take_cursors();
+            // Cursors freed by the takeover (their relay died), or by a relay
+            // that held more than its share, are ours to take.
+            take_cursors();
+            shed_surplus_cursors();
             arm(relay_timer::takeover, clock_.steady() + takeover_interval);
             break;
         case relay_timer::checkpoint:
             if (dispatch_.stopping()) break;
+            shed_surplus_cursors();
             write_checkpoint();
             arm(relay_timer::checkpoint, clock_.steady() + checkpoint_interval);
             break;
@@ -341,7 +344,7 @@ void relay_engine::sweep() {
     // beginning of the index.
     reset_claim_marks(false);
     if (metrics_ != nullptr) metrics_->woken(wake_source::sweep);
-    if (reader_ && !reader_->holding()) take_cursors();
+    take_cursors();
     wake();
     if (cfg_.idempotency_retention.count() > 0) emit(housekeeping_command{housekeeping_job::idempotency_keys});
     emit(housekeeping_command{housekeeping_job::key_holds});
@@ -1005,14 +1008,26 @@ void relay_engine::finish() {
 // ---- windows -------------------------------------------------------------------
 
 void relay_engine::take_cursors() {
-    if (taking_cursors_ || dispatch_.stopping()) return;
+    if (!reader_ || taking_cursors_ || dispatch_.stopping()) return;
     taking_cursors_ = true;
-    emit(take_cursors_command{});
+    emit(take_cursors_command{reader_->slots()});
 }
 
-void relay_engine::cursors_taken(std::vector<taken_cursor> cursors) {
+// More than our share (another relay registered since we took them): the
+// surplus goes back at a window boundary, where nothing of it is unsettled.
+void relay_engine::shed_surplus_cursors() {
+    if (!reader_ || dispatch_.stopping() || checkpointing_ || reader_->slots_held() <= cursor_share_) return;
+    if (auto shed = reader_->shed(reader_->slots_held() - cursor_share_)) {
+        log::info("handing window cursors over to share them with other relays",
+                  {{"slots", str(static_cast<std::int64_t>(shed->slots.size()))}});
+        emit(release_cursors_command{std::move(*shed)});
+    }
+}
+
+void relay_engine::cursors_taken(std::vector<taken_cursor> cursors, std::size_t share) {
     taking_cursors_ = false;
-    if (!reader_ || cursors.empty() || reader_->holding()) {
+    cursor_share_ = std::max<std::size_t>(share, 1);
+    if (!reader_ || cursors.empty()) {
         maybe_finish();
         return;
     }

@@ -207,9 +207,17 @@ struct finish_command {
     outcome_batch last;
     std::optional<cursor_checkpoint> cursors;
 };
-// relay.consume = "windows": take every window cursor that is free (on the
-// claim connection); feed back cursors_taken() or cursors_take_failed().
-struct take_cursors_command {};
+// relay.consume = "windows": take free window cursors up to this relay's
+// share, less the slots it holds (`held`; on the claim connection); feed back
+// cursors_taken() or cursors_take_failed().
+struct take_cursors_command {
+    std::vector<int> held;
+};
+// Checkpoint these cursors at `position` and release them (a relay holding
+// more than its share gives the rest back at a window boundary).
+struct release_cursors_command {
+    cursor_checkpoint position;
+};
 // Write the held cursors' position (on the outcome connection); feed back
 // checkpointed() or checkpoint_failed().
 struct checkpoint_command {
@@ -227,7 +235,8 @@ struct circuit_changed_command {
 using relay_command = std::variant<claim_command, send_command, write_outcomes_command, arm_timer_command,
                                    cancel_timer_command, housekeeping_command, release_deliveries_command,
                                    stop_listening_command, finish_command, exit_now_command,
-                                   circuit_changed_command, take_cursors_command, checkpoint_command>;
+                                   circuit_changed_command, take_cursors_command, checkpoint_command,
+                                   release_cursors_command>;
 
 // serve: until a signal. once: until drained (see the header comment).
 enum class run_mode { serve, once };
@@ -261,7 +270,8 @@ public:
     // A takeover handed back `leases` of dead relays, due now.
     void relays_taken_over(std::size_t leases);
     // relay.consume = "windows" (docs/windows-in-the-relay.md).
-    void cursors_taken(std::vector<taken_cursor> cursors);
+    // share: ceil(64 / registered relays), what this relay should hold.
+    void cursors_taken(std::vector<taken_cursor> cursors, std::size_t share);
     void cursors_take_failed(const std::string& why);
     // `written` of the position's cursors were still ours and were written.
     void checkpointed(const cursor_checkpoint& position, std::size_t written);
@@ -406,6 +416,7 @@ private:
     void pull_window();
     void take_cursors();
     void write_checkpoint();
+    void shed_surplus_cursors();
     void unroutable(const event& e);
     void retry_after_flush(std::chrono::milliseconds in);
     [[nodiscard]] std::vector<std::size_t> named_destinations(const std::vector<std::string>& names) const;
@@ -503,6 +514,7 @@ private:
     // ---- windows (relay.consume = "windows") ----
     std::optional<window_reader> reader_;
     bool taking_cursors_ = false;
+    std::size_t cursor_share_ = window_slots;
     bool checkpointing_ = false;
     bool cleaning_windows_ = false;
     bool window_read_deferred_ = false;  // a read was due while the queue was full

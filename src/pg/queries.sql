@@ -1395,3 +1395,43 @@ UPDATE :"schema".cursors
 SET owner = NULL
 WHERE owner = ANY ($1::text[])
 RETURNING destination, slot;
+
+-- name: take_free_cursors
+-- params: owner, held
+-- A relay's share of the 64 window cursors (destination ''), in one
+-- statement: up to ceil(64 / registered relays) less the slots it holds
+-- (`held`, int[]), from the cursors that are free by take_cursor's rules
+-- (missing: created at the beginning; no owner; an owner that is not a
+-- registered relay or whose session lock is free), and ours that we do not
+-- hold (given up in a hand-over that failed, or lost). Never one we hold:
+-- taking it again would fence our own checkpoints out. Returns what it
+-- took, each row with the share it was computed with.
+WITH share AS (
+    SELECT ceil(64.0 / greatest(count(*), 1))::int AS n FROM :"schema".relays
+), free AS (
+    SELECT g.slot
+    FROM generate_series(0, 63) AS g(slot)
+    LEFT JOIN :"schema".cursors c ON c.destination = '' AND c.slot = g.slot
+    WHERE c.slot IS NULL
+       OR c.owner IS NULL
+       OR (c.owner = $1 AND NOT g.slot = ANY ($2::int[]))
+       OR (c.owner <> $1 AND NOT EXISTS (SELECT 1 FROM :"schema".relays r WHERE r.lease_owner = c.owner))
+       OR (c.owner <> $1 AND (SELECT pg_try_advisory_xact_lock(r.lock_key) FROM :"schema".relays r
+                              WHERE r.lease_owner = c.owner))
+    ORDER BY g.slot
+    LIMIT greatest((SELECT n FROM share) - cardinality($2::int[]), 0)
+)
+INSERT INTO :"schema".cursors AS c (destination, slot, snap_a, owner, epoch, system_identifier)
+SELECT '', f.slot, '1:1:'::pg_snapshot, $1, 1, (SELECT system_identifier FROM pg_control_system())
+FROM free f
+ON CONFLICT (destination, slot) DO UPDATE
+SET owner = excluded.owner, epoch = c.epoch + 1
+WHERE c.owner IS NULL OR c.owner = excluded.owner
+   OR NOT EXISTS (SELECT 1 FROM :"schema".relays r WHERE r.lease_owner = c.owner)
+   OR (SELECT pg_try_advisory_xact_lock(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
+RETURNING c.slot, c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_below, c.epoch,
+          (SELECT n FROM share) AS share;
+
+-- name: cursor_share
+-- A relay's share of the 64 window cursors: ceil(64 / registered relays).
+SELECT ceil(64.0 / greatest(count(*), 1))::int AS share FROM :"schema".relays;

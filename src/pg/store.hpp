@@ -167,8 +167,13 @@ public:
     // A page of a window, decoded as claimed events are, with the read's
     // answers on deliveries.
     [[nodiscard]] window_read_result read_window_page(const window_read_request& request);
-    // Every window cursor ('' slots) that is free, taken for our lease owner.
-    [[nodiscard]] std::vector<taken_cursor> take_free_cursors();
+    // Free window cursors ('' slots) up to our share (ceil(64 / registered
+    // relays)) less the `held` we hold, taken for our lease owner.
+    struct cursors_share {
+        std::vector<taken_cursor> taken;
+        std::size_t share = 0;
+    };
+    [[nodiscard]] cursors_share take_free_cursors(const std::vector<int>& held);
     // How many of the position's cursors were still ours and were written.
     [[nodiscard]] std::size_t checkpoint_cursors(const cursor_checkpoint& position);
     [[nodiscard]] std::size_t release_cursors(const cursor_checkpoint& position);

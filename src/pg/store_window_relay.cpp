@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <numeric>
 
+#include <pqxx/pqxx>
+
 #include "pg/event_columns.hpp"
+#include "pg/params.hpp"
+#include "pg/sql_arrays.hpp"
 #include "pg/store.hpp"
+#include "pg/typed_query.hpp"
 
 namespace outboxd::pg {
 
@@ -39,14 +44,27 @@ window_read_result store::read_window_page(const window_read_request& request) {
     return out;
 }
 
-std::vector<taken_cursor> store::take_free_cursors() {
-    std::vector<taken_cursor> out;
-    for (int slot = 0; slot < window_slots; ++slot) {
-        if (auto c = take_cursor("", slot)) {
-            out.push_back({slot, std::move(c->snap_a), std::move(c->snap_b), c->done_below, c->epoch});
+store::cursors_share store::take_free_cursors(const std::vector<int>& held) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        using col = q::take_free_cursors::col;
+        cursors_share out;
+        for (const auto& row : exec_params(tx, queries_,
+                                           q::take_free_cursors::args{.owner = owner_,
+                                                                      .held = number_array(held, [](int s) { return s; })})) {
+            out.share = row[col::share].as<std::size_t>();
+            out.taken.push_back({row[col::slot].as<int>(), row[col::snap_a].as<std::string>(),
+                                 row[col::snap_b].is_null()
+                                     ? std::nullopt
+                                     : std::optional<std::string>(row[col::snap_b].as<std::string>()),
+                                 row[col::done_below].as<std::int64_t>(), row[col::epoch].as<std::int64_t>()});
         }
-    }
-    return out;
+        if (out.taken.empty()) {
+            out.share = exec<q::cursor_share>(tx, queries_).one()[q::cursor_share::col::share]
+                            .as<std::size_t>();
+        }
+        return out;
+    });
 }
 
 std::size_t store::checkpoint_cursors(const cursor_checkpoint& p) {

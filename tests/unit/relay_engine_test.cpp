@@ -1127,7 +1127,7 @@ claim_command start_reading(harness& h) {
     CHECK(first.request.windows);
     CHECK_FALSE(first.request.window);  // no cursor yet
     CHECK(h.engine.windows() != nullptr);
-    h.engine.cursors_taken(cursors_at("1:1:"));
+    h.engine.cursors_taken(cursors_at("1:1:"), 64);
     h.claim_returns({});
     return h.one<claim_command>();
 }
@@ -1151,7 +1151,7 @@ TEST_CASE("relay engine, windows: a key's events go out one at a time with no wr
     CHECK(h.has<take_cursors_command>());
     CHECK(h.armed(relay_timer::checkpoint));
     h.claim_returns({});
-    h.engine.cursors_taken(cursors_at("1:1:"));
+    h.engine.cursors_taken(cursors_at("1:1:"), 64);
     h.step();
     const auto read = h.one<claim_command>();
     REQUIRE(read.request.window);
@@ -1180,7 +1180,7 @@ TEST_CASE("relay engine, windows: the checkpoint is written once a second when i
     h.step();
     auto timer = *h.armed(relay_timer::checkpoint);
     h.claim_returns({});
-    h.engine.cursors_taken(cursors_at("1:1:"));
+    h.engine.cursors_taken(cursors_at("1:1:"), 64);
     h.step();
     page_returns(h, {window_event(1), window_event(2)});
     const auto sends = h.all<send_command>();
