@@ -57,6 +57,7 @@ public:
     // again; no committed event is ever lost, because the producers' own
     // commits stay durable. It takes a WAL flush (often the largest part of
     // commit-to-delivery latency) off the delivery path. Never for enqueue.
+    // The session also turns JIT off (store.cpp says why).
     // plan_once: the session uses generic plans only (plan_cache_mode =
     // force_generic_plan), for the connection that claims: both claims have
     // a literal LIMIT per prepared size, so their generic plans are the good
