@@ -198,6 +198,23 @@ bool store::release_cursor(const std::string& destination, int slot, std::int64_
     });
 }
 
+std::vector<store::cursor_lease> store::take_cursors(std::span<const int> slots) {
+    (void)slots;
+    throw std::logic_error("take_cursors: not built yet");
+}
+
+std::size_t store::checkpoint_cursors(std::span<const int> slots, std::span<const std::int64_t> epochs,
+                                      const std::string& snap_a, const std::optional<std::string>& snap_b,
+                                      std::int64_t done_below) {
+    (void)slots, (void)epochs, (void)snap_a, (void)snap_b, (void)done_below;
+    throw std::logic_error("checkpoint_cursors: not built yet");
+}
+
+std::size_t store::release_cursors(std::span<const int> slots, std::span<const std::int64_t> epochs) {
+    (void)slots, (void)epochs;
+    throw std::logic_error("release_cursors: not built yet");
+}
+
 server_position store::window_safety() {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
