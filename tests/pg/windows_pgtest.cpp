@@ -484,6 +484,18 @@ TEST_CASE("windows: migration 0009 applies to an outbox with pending events, del
     const auto w = reader.read_window(a, std::nullopt, 0, std::nullopt, 1000, {});
     REQUIRE(w.events.size() == 1);
     CHECK(w.events[0].id == after);
+    // A new event of a key whose pending events are from before the
+    // migration (k0: ids 6 and 10, no deliveries) waits behind them; one of
+    // a new key does not.
+    CHECK(q("SELECT count(*) FROM {s}.deliveries WHERE ordering_key = 'k0'") == "0");
+    const auto behind = producer.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = "k0", .idempotency_key = std::nullopt});
+    const auto fresh_key = producer.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = "new", .idempotency_key = std::nullopt});
+    const auto upgraded = reader.read_window(w.snap_b, std::nullopt, 0, std::nullopt, 1000, {});
+    REQUIRE(upgraded.events.size() == 2);
+    CHECK(upgraded.events[0].id == behind);
+    CHECK(upgraded.events[0].key_pending);
+    CHECK(upgraded.events[1].id == fresh_key);
+    CHECK_FALSE(upgraded.events[1].key_pending);
 
     // Today's relay is unchanged: it claims the pending events (and the new one) as before.
     pg::store relay(testing::database_url(), schema.name(), "relay");
