@@ -5,14 +5,17 @@
 # partitioned outbox keeps until its partition goes). EXPLAIN (ANALYZE,
 # BUFFERS) of the statement as the store runs it (unprepared) and of its
 # generic plan, without a slot filter, with all 64 slots listed, with 32 and
-# with 1; 3 runs each, median printed. Durable cluster.
+# with 1; 3 runs each, median printed. Durable cluster. The read returns the
+# page's bodies and key_pending (probes of deliveries and of the events from
+# before windows) and deliveries_due for destination 'hooks'.
 #   bench/windows/read_cost.sh URL
 set -euo pipefail
 url=$1
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 runs=${RUNS:-3}
 s=rc9
-psql_() { PGOPTIONS="-c client_min_messages=warning" psql -X -q -v ON_ERROR_STOP=1 "$url" "$@"; }
+# jit = off, as on the relay's sessions (store::relay_session_settings).
+psql_() { PGOPTIONS="-c client_min_messages=warning -c jit=off" psql -X -q -v ON_ERROR_STOP=1 "$url" "$@"; }
 
 psql_ -c "DROP SCHEMA IF EXISTS $s CASCADE" -c "CREATE SCHEMA $s" \
   -c "CREATE TABLE $s.schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"

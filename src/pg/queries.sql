@@ -1256,6 +1256,67 @@ SET owner = NULL
 WHERE destination = $1 AND slot = $2 AND owner = $3 AND epoch = $4
 RETURNING epoch;
 
+-- name: take_cursors
+-- params: slots, owner
+-- take_cursor for the relay's cursors (destination '') of several slots
+-- (up to all 64) in one statement, by the same rules: a missing one is
+-- created at the beginning, an existing one taken when nobody owns it, we
+-- do, its owner is not a registered relay, or that relay's session lock is
+-- free (then held until this statement ends). One row per slot taken; a
+-- slot a live relay owns is left out. In slot order, so two relays taking
+-- overlapping sets lock the rows in one order and cannot deadlock.
+INSERT INTO :"schema".cursors AS c (destination, slot, snap_a, owner, epoch, system_identifier)
+SELECT '', s.slot, '1:1:'::pg_snapshot, $2, 1, (SELECT system_identifier FROM pg_control_system())
+FROM (SELECT DISTINCT u.slot FROM unnest($1::int[]) AS u(slot) ORDER BY u.slot) AS s
+ON CONFLICT (destination, slot) DO UPDATE
+SET owner = excluded.owner, epoch = c.epoch + 1
+WHERE c.owner IS NULL OR c.owner = excluded.owner
+   OR NOT EXISTS (SELECT 1 FROM :"schema".relays r WHERE r.lease_owner = c.owner)
+   OR (SELECT pg_try_advisory_xact_lock(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
+RETURNING c.slot, c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_below, c.epoch,
+          c.system_identifier;
+
+-- name: checkpoint_cursors
+-- params: slots, epochs, snap_a, snap_b, done_below, owner
+-- checkpoint_cursor for the relay's cursors of several slots that share one
+-- position (read in lockstep), in one statement: epochs[i] is the epoch of
+-- slots[i]; each is written only while it is still ours at that epoch.
+-- Returns how many were written. The rows are locked in slot order first
+-- (as park_window_events locks them), then updated by ctid.
+WITH mine AS MATERIALIZED (
+    SELECT c.ctid AS tid
+    FROM :"schema".cursors c
+    JOIN unnest($1::int[], $2::bigint[]) AS m(slot, epoch) ON m.slot = c.slot AND m.epoch = c.epoch
+    WHERE c.destination = '' AND c.owner = $6
+    ORDER BY c.slot
+    FOR NO KEY UPDATE OF c
+), written AS (
+    UPDATE :"schema".cursors c
+    SET snap_a = $3::pg_snapshot, snap_b = $4::pg_snapshot, done_below = $5, checkpointed_at = now()
+    WHERE c.ctid = ANY (ARRAY(SELECT tid FROM mine))
+    RETURNING 1
+)
+SELECT count(*) AS written FROM written;
+
+-- name: release_cursors
+-- params: slots, epochs, owner
+-- release_cursor for several slots in one statement (epochs as in
+-- checkpoint_cursors). Returns how many were still ours, now unowned.
+WITH mine AS MATERIALIZED (
+    SELECT c.ctid AS tid
+    FROM :"schema".cursors c
+    JOIN unnest($1::int[], $2::bigint[]) AS m(slot, epoch) ON m.slot = c.slot AND m.epoch = c.epoch
+    WHERE c.destination = '' AND c.owner = $3
+    ORDER BY c.slot
+    FOR NO KEY UPDATE OF c
+), released AS (
+    UPDATE :"schema".cursors c
+    SET owner = NULL
+    WHERE c.ctid = ANY (ARRAY(SELECT tid FROM mine))
+    RETURNING 1
+)
+SELECT count(*) AS released FROM released;
+
 -- name: window_safety
 -- What decides whether windows may be read here (core/window_safety.hpp):
 -- never on a standby (its snapshots order commits differently from the

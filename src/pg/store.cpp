@@ -108,8 +108,10 @@ void store::set_up(pqxx::connection& c) {
 // holds) then took plans that made a keyed run with retries 8x slower
 // (tests/e2e/test_guarantees.py, three relays and a flaky receiver: 146 s
 // against 19 s); `complete` gets its TID scan without it wherever the table
-// is large enough for the choice to matter.
-std::vector<std::string> store::relay_session_settings() { return {"SET synchronous_commit = off"}; }
+// is large enough for the choice to matter. jit = off: the relay's
+// statements are short, and JIT compiling one whose estimate grows with its
+// page (read_window of a large window) costs several times its execution.
+std::vector<std::string> store::relay_session_settings() { return {"SET synchronous_commit = off", "SET jit = off"}; }
 
 // Claims are planned once and the plan serves whatever comes later, so it
 // must not depend on the table being small when it was made. Each claim has

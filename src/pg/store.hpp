@@ -59,6 +59,7 @@ public:
     // again; no committed event is ever lost, because the producers' own
     // commits stay durable. It takes a WAL flush (often the largest part of
     // commit-to-delivery latency) off the delivery path. Never for enqueue.
+    // The session also turns JIT off (store.cpp says why).
     // plan_once: the session uses generic plans only (plan_cache_mode =
     // force_generic_plan), for the connection that claims: both claims have
     // a literal LIMIT per prepared size, so their generic plans are the good
@@ -286,6 +287,7 @@ public:
         std::int64_t done_below = 0;
         std::int64_t epoch = 0;  // fences every checkpoint
         std::int64_t system_identifier = 0;
+        int slot = 0;
     };
     // Takes the cursor of (destination, slot) for our lease owner (see
     // take_cursor in queries.sql; call bind_leases_to_session() first):
@@ -296,6 +298,17 @@ public:
                                          const std::string& snap_a, const std::optional<std::string>& snap_b,
                                          std::int64_t done_below);
     [[nodiscard]] bool release_cursor(const std::string& destination, int slot, std::int64_t epoch);
+    // The relay's cursors (destination '') of several slots in one statement
+    // each, by the rules of the single-slot calls. take_cursors: a lease per
+    // slot taken, in slot order (a slot a live relay owns is left out).
+    // checkpoint_cursors, release_cursors: epochs[i] is the epoch of
+    // slots[i]; returns how many cursors were still ours at their epoch (and
+    // so written); the others were taken from us.
+    [[nodiscard]] std::vector<cursor_lease> take_cursors(std::span<const int> slots);
+    [[nodiscard]] std::size_t checkpoint_cursors(std::span<const int> slots, std::span<const std::int64_t> epochs,
+                                                 const std::string& snap_a, const std::optional<std::string>& snap_b,
+                                                 std::int64_t done_below);
+    [[nodiscard]] std::size_t release_cursors(std::span<const int> slots, std::span<const std::int64_t> epochs);
     // The server's side of core/window_safety.hpp.
     [[nodiscard]] server_position window_safety();
     // What a window event's outcome (or the sequencer's park) leaves owed:

@@ -168,7 +168,8 @@ std::optional<store::cursor_lease> store::take_cursor(const std::string& destina
                                           : std::optional<std::string>(row[col::snap_b].as<std::string>()),
                             .done_below = row[col::done_below].as<std::int64_t>(),
                             .epoch = row[col::epoch].as<std::int64_t>(),
-                            .system_identifier = row[col::system_identifier].as<std::int64_t>()};
+                            .system_identifier = row[col::system_identifier].as<std::int64_t>(),
+                            .slot = slot};
     });
 }
 
@@ -195,6 +196,74 @@ bool store::release_cursor(const std::string& destination, int slot, std::int64_
                             q::release_cursor::args{
                                 .destination = destination, .slot = slot, .owner = owner_, .epoch = epoch})
                     .empty();
+    });
+}
+
+std::vector<store::cursor_lease> store::take_cursors(std::span<const int> slots) {
+    if (slots.empty()) return {};
+    const auto same = [](auto n) { return n; };
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        using col = q::take_cursors::col;
+        std::vector<cursor_lease> out;
+        for (const auto& row :
+             exec_params(tx, queries_, q::take_cursors::args{.slots = number_array(slots, same), .owner = owner_})) {
+            out.push_back({.snap_a = row[col::snap_a].as<std::string>(),
+                           .snap_b = row[col::snap_b].is_null()
+                                         ? std::nullopt
+                                         : std::optional<std::string>(row[col::snap_b].as<std::string>()),
+                           .done_below = row[col::done_below].as<std::int64_t>(),
+                           .epoch = row[col::epoch].as<std::int64_t>(),
+                           .system_identifier = row[col::system_identifier].as<std::int64_t>(),
+                           .slot = row[col::slot].as<int>()});
+        }
+        std::sort(out.begin(), out.end(), [](const cursor_lease& x, const cursor_lease& y) { return x.slot < y.slot; });
+        return out;
+    });
+}
+
+namespace {
+
+void check_pairs(std::span<const int> slots, std::span<const std::int64_t> epochs, const char* call) {
+    if (slots.size() != epochs.size()) {
+        throw std::invalid_argument(std::string(call) + ": one epoch per slot expected");
+    }
+}
+
+}  // namespace
+
+std::size_t store::checkpoint_cursors(std::span<const int> slots, std::span<const std::int64_t> epochs,
+                                      const std::string& snap_a, const std::optional<std::string>& snap_b,
+                                      std::int64_t done_below) {
+    check_pairs(slots, epochs, "checkpoint_cursors");
+    if (slots.empty()) return 0;
+    const auto same = [](auto n) { return n; };
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_,
+                           q::checkpoint_cursors::args{.slots = number_array(slots, same),
+                                                       .epochs = number_array(epochs, same),
+                                                       .snap_a = snap_a,
+                                                       .snap_b = nullable(snap_b),
+                                                       .done_below = done_below,
+                                                       .owner = owner_})
+            .one()[q::checkpoint_cursors::col::written]
+            .as<std::size_t>();
+    });
+}
+
+std::size_t store::release_cursors(std::span<const int> slots, std::span<const std::int64_t> epochs) {
+    check_pairs(slots, epochs, "release_cursors");
+    if (slots.empty()) return 0;
+    const auto same = [](auto n) { return n; };
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec_params(tx, queries_,
+                           q::release_cursors::args{.slots = number_array(slots, same),
+                                                    .epochs = number_array(epochs, same),
+                                                    .owner = owner_})
+            .one()[q::release_cursors::col::released]
+            .as<std::size_t>();
     });
 }
 

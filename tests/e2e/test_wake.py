@@ -129,7 +129,7 @@ def test_poll_mode_through_pgbouncer_transaction_pooling_claims_delivers_and_ack
             cur.execute("SELECT pg_backend_pid(), array(SELECT name || '=' || setting FROM pg_settings "
                         "WHERE source = 'session' AND name = ANY (%s) ORDER BY name)",
                         (["synchronous_commit", "plan_cache_mode", "statement_timeout",
-                          "idle_in_transaction_session_timeout", "enable_seqscan", "enable_bitmapscan"],))
+                          "idle_in_transaction_session_timeout", "enable_seqscan", "enable_bitmapscan", "jit"],))
             seen.append(cur.fetchone())
         assert len({pid for pid, _ in seen}) == 2, seen
         assert all(not settings for _, settings in seen), f"the relay's settings leaked: {seen}"

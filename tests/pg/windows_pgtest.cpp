@@ -484,6 +484,18 @@ TEST_CASE("windows: migration 0009 applies to an outbox with pending events, del
     const auto w = reader.read_window(a, std::nullopt, 0, std::nullopt, 1000, {});
     REQUIRE(w.events.size() == 1);
     CHECK(w.events[0].id == after);
+    // A new event of a key whose pending events are from before the
+    // migration (k0: ids 6 and 10, no deliveries) waits behind them; one of
+    // a new key does not.
+    CHECK(q("SELECT count(*) FROM {s}.deliveries WHERE ordering_key = 'k0'") == "0");
+    const auto behind = producer.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = "k0", .idempotency_key = std::nullopt});
+    const auto fresh_key = producer.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = "new", .idempotency_key = std::nullopt});
+    const auto upgraded = reader.read_window(w.snap_b, std::nullopt, 0, std::nullopt, 1000, {});
+    REQUIRE(upgraded.events.size() == 2);
+    CHECK(upgraded.events[0].id == behind);
+    CHECK(upgraded.events[0].key_pending);
+    CHECK(upgraded.events[1].id == fresh_key);
+    CHECK_FALSE(upgraded.events[1].key_pending);
 
     // Today's relay is unchanged: it claims the pending events (and the new one) as before.
     pg::store relay(testing::database_url(), schema.name(), "relay");
@@ -1055,4 +1067,108 @@ TEST_CASE("windows: a relay session does not JIT-compile the read of a large win
     const auto explained = nlohmann::json::parse(text)[0];
     CAPTURE(explained["Plan"].value("Total Cost", 0.0));
     CHECK_FALSE(explained.contains("JIT"));
+}
+
+TEST_CASE("windows: take_cursors takes all 64 slots of an empty install in one call, none from a live relay, all "
+          "from a dead one") {
+    installed db("win");
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    a.bind_leases_to_session();
+    b.bind_leases_to_session();
+    std::vector<int> all(64);
+    for (int i = 0; i < 64; ++i) all[static_cast<std::size_t>(i)] = 63 - i;  // any order
+
+    const auto mine = a.take_cursors(all);
+    REQUIRE(mine.size() == 64);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+        CAPTURE(i);
+        CHECK(mine[i].slot == static_cast<int>(i));
+        CHECK(mine[i].epoch == 1);
+        CHECK(mine[i].snap_a == "1:1:");
+        CHECK_FALSE(mine[i].snap_b);
+        CHECK(mine[i].done_below == 0);
+    }
+    CHECK(db.query("SELECT count(*) || ' ' || count(*) FILTER (WHERE owner = 'relay-a') FROM {s}.cursors "
+                   "WHERE destination = ''") == "64 64");
+
+    // Alive: tried, never taken.
+    for (int i = 0; i < 3; ++i) CHECK(b.take_cursors(all).empty());
+    // Ourselves again (a new session of ours): every epoch moves on.
+    const std::vector<int> two{5, 9};
+    const auto again = a.take_cursors(two);
+    REQUIRE(again.size() == 2);
+    CHECK(again[0].slot == 5);
+    CHECK(again[0].epoch == 2);
+    CHECK(again[1].slot == 9);
+    CHECK(again[1].epoch == 2);
+
+    // relay-a's session ends: relay-b takes all of them.
+    a.disconnect();
+    std::vector<pg::store::cursor_lease> taken;
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (taken.size() < 64 && std::chrono::steady_clock::now() < deadline) {
+        for (auto& t : b.take_cursors(all)) taken.push_back(t);
+        if (taken.size() < 64) std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(taken.size() == 64);
+    CHECK(db.query("SELECT count(*) FILTER (WHERE owner = 'relay-b') || ' ' || sum(epoch) FROM {s}.cursors "
+                   "WHERE destination = ''") == fmt::format("64 {}", 62 * 2 + 2 * 3));
+}
+
+TEST_CASE("windows: checkpoint_cursors and release_cursors write only the cursors still ours at their epoch") {
+    installed db("win");
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    a.bind_leases_to_session();
+    b.bind_leases_to_session();
+    const std::vector<int> slots{3, 1, 2};
+    const auto leases = a.take_cursors(slots);
+    REQUIRE(leases.size() == 3);
+    std::map<int, std::int64_t> epoch_of;
+    for (const auto& l : leases) epoch_of[l.slot] = l.epoch;
+    std::vector<std::int64_t> epochs;
+    for (const int s : slots) epochs.push_back(epoch_of.at(s));
+
+    const std::string a_snap = snapshot_now(*db.admin);
+    (void)db.enqueue(window_event());
+    const std::string b_snap = snapshot_now(*db.admin);
+    CHECK(a.checkpoint_cursors(slots, epochs, a_snap, b_snap, 42) == 3);
+    const auto positions = [&] {
+        return db.query("SELECT string_agg(slot || ':' || snap_a || ':' || coalesce(snap_b::text, '-') || ':' || "
+                        "done_below, ',' ORDER BY slot) FROM {s}.cursors WHERE destination = ''");
+    };
+    CHECK(positions() == fmt::format("1:{0}:{1}:42,2:{0}:{1}:42,3:{0}:{1}:42", a_snap, b_snap));
+
+    // Slot 1 taken again (a new epoch): the old epochs write the other two only.
+    const auto retaken = a.take_cursors(std::vector<int>{1});
+    REQUIRE(retaken.size() == 1);
+    CHECK(a.checkpoint_cursors(slots, epochs, b_snap, std::nullopt, 0) == 2);
+    CHECK(positions() == fmt::format("1:{0}:{1}:42,2:{1}:-:0,3:{1}:-:0", a_snap, b_snap));
+    // A stale epoch everywhere, or another relay with our epochs: nothing.
+    const std::vector<std::int64_t> stale(3, 0);
+    CHECK(a.checkpoint_cursors(slots, stale, b_snap, std::nullopt, 7) == 0);
+    CHECK(b.checkpoint_cursors(slots, epochs, b_snap, std::nullopt, 7) == 0);
+    CHECK(b.release_cursors(slots, epochs) == 0);
+    CHECK(positions() == fmt::format("1:{0}:{1}:42,2:{1}:-:0,3:{1}:-:0", a_snap, b_snap));
+
+    // Handed back (slot 1 at its new epoch, the others at theirs): relay-b
+    // takes them at once, where they were checkpointed, and relay-a's
+    // epochs write nothing more.
+    epochs[1] = retaken[0].epoch;
+    CHECK(a.release_cursors(slots, epochs) == 3);
+    CHECK(db.query("SELECT count(owner) FROM {s}.cursors") == "0");
+    const auto taken = b.take_cursors(slots);
+    REQUIRE(taken.size() == 3);
+    CHECK(taken[0].slot == 1);
+    CHECK(taken[0].snap_a == a_snap);
+    CHECK(taken[0].snap_b == b_snap);
+    CHECK(taken[0].done_below == 42);
+    CHECK(taken[0].epoch == retaken[0].epoch + 1);
+    CHECK(taken[1].snap_a == b_snap);
+    CHECK(a.checkpoint_cursors(slots, epochs, b_snap, std::nullopt, 0) == 0);
+    CHECK(a.release_cursors(slots, epochs) == 0);
+    CHECK(db.query("SELECT count(*) FROM {s}.cursors WHERE owner = 'relay-b'") == "3");
+    // The spans must pair up.
+    CHECK_THROWS_AS((void)b.release_cursors(slots, std::vector<std::int64_t>{1}), std::invalid_argument);
 }
