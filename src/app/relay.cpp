@@ -165,7 +165,12 @@ public:
             // A session advisory lock means nothing through a transaction pooler.
             throw fatal_error(exit_usage, "database.transaction_pooling needs relay.live_leases = false");
         }
+        if (cfg().consume == "windows" && !cfg().live_leases) {
+            // Window cursors belong to registered relays (sql/0006).
+            throw fatal_error(exit_usage, "relay.consume = \"windows\" needs relay.live_leases = true");
+        }
         store_.set_transaction_pooling(cfg().db_transaction_pooling);
+        store_.set_consume_windows(cfg().consume == "windows");
         outcome_store_.set_transaction_pooling(cfg().db_transaction_pooling);
     }
 
@@ -199,6 +204,16 @@ private:
             check_schema(store_.schema_version());
             message_prefix_ = store_.message_prefix();
             if (cfg().live_leases) store_.bind_leases_to_session();
+            if (cfg().consume == "windows") {
+                if (const auto n = store_.pre_window_events(); n > 0) {
+                    throw fatal_error(
+                        exit_db_unsuitable,
+                        fmt::format("relay.consume = \"windows\": {} events in the outbox were written before "
+                                    "migration 0009 and no window holds them; deliver them with relay.consume = "
+                                    "\"claims\" first (e.g. `outboxd run --once`), then switch",
+                                    n));
+                }
+            }
             outcome_store_.connect();
             if (wake_.listens()) {
                 listener_.connect_now();
@@ -502,6 +517,7 @@ private:
         if (now.db_connect_timeout != next.db_connect_timeout) return "database.connect_timeout";
         if (now.db_keepalive_timeout != next.db_keepalive_timeout) return "database.keepalive_timeout";
         if (now.live_leases != next.live_leases) return "relay.live_leases";
+        if (now.consume != next.consume) return "relay.consume";
         if (now.wake != next.wake) return "relay.wake";
         if (now.poll_interval != next.poll_interval) return "relay.poll_interval";
         if (now.db_transaction_pooling != next.db_transaction_pooling) return "database.transaction_pooling";
@@ -796,10 +812,15 @@ private:
                            {{"error", scrub_secrets(e.what(), opts_.dsn)}});
             }
             if (cursors) {
-                // Where the next reader starts, then free for it at once.
+                // Where the next reader starts, then free for it at once; and
+                // what that leaves delivered behind every cursor goes now
+                // (a bounded amount: the rest goes with the next relay).
                 try {
                     (void)store.checkpoint_cursors(*cursors);
                     (void)store.release_cursors(*cursors);
+                    constexpr std::size_t batch = 5000;
+                    for (int i = 0; i < 4 && store.cleanup_window_events(batch) == batch; ++i) {
+                    }
                 } catch (const std::exception& e) {
                     log::error("could not hand over the window cursors; the next relay resumes from their last "
                                "checkpoint once this one's session is gone",

@@ -196,7 +196,7 @@ FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
 
 -- name: claim_deliveries
--- params: owner, lease_ms, destinations
+-- params: owner, lease_ms, destinations, windows
 -- Claims due deliveries: one destination's share each of a fanned-out event
 -- (see sql/0002), leased like events. A delivery is due only while no earlier
 -- delivery of its key to the same destination is waiting or leased, and no
@@ -219,6 +219,10 @@ LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC 
 -- runs only for an event not parked (a dead-letter replay revived it and
 -- then one of its deliveries) or gone; it may scan the index's other rows.
 -- Deliveries are leased by the ctid `due` locked, as in the event claim.
+-- windows (relay.consume = "windows"): an event read from a window (txid
+-- set) and not fanned out never holds a delivery back: a delivered one only
+-- waits for cleanup, and one not sent yet is parked behind the key's
+-- deliveries when it is read (key_pending), in commit order.
 WITH due AS (
     SELECT d.event_id, d.destination, d.ordering_key, d.ctid AS tid
     FROM :"schema".deliveries d
@@ -240,7 +244,8 @@ WITH due AS (
                   SELECT 1 FROM :"schema".events earlier
                   WHERE earlier.ordering_key = d.ordering_key
                     AND earlier.id < d.event_id
-                    AND NOT earlier.fanned_out)))
+                    AND NOT earlier.fanned_out
+                    AND NOT ($4::boolean AND earlier.txid IS NOT NULL))))
     ORDER BY d.available_at, d.event_id
     LIMIT :claim_size
     FOR UPDATE SKIP LOCKED
@@ -1496,3 +1501,7 @@ RETURNING c.slot, c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_bel
 -- name: cursor_share
 -- A relay's share of the 64 window cursors: ceil(64 / registered relays).
 SELECT ceil(64.0 / greatest(count(*), 1))::int AS share FROM :"schema".relays;
+
+-- name: pre_window_events
+-- Events written before migration 0009 (no txid): no window holds them.
+SELECT count(*) AS events FROM :"schema".events WHERE txid IS NULL;

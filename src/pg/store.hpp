@@ -163,6 +163,10 @@ public:
     // transaction; with no relay dead, one indexed read of `relays`.
     [[nodiscard]] takeover take_over_dead_relays();
 
+    // relay.consume = "windows": claim_deliveries does not wait for window
+    // events (see the statement).
+    void set_consume_windows(bool on) noexcept { consume_windows_ = on; }
+
     // The relay's windows (relay.consume = "windows", store_window_relay.cpp):
     // the statements below in the engine's terms.
     // A page of a window, decoded as claimed events are, with the read's
@@ -178,6 +182,8 @@ public:
     // How many of the position's cursors were still ours and were written.
     [[nodiscard]] std::size_t checkpoint_cursors(const cursor_checkpoint& position);
     [[nodiscard]] std::size_t release_cursors(const cursor_checkpoint& position);
+    // Events no window holds: written before migration 0009.
+    [[nodiscard]] std::int64_t pre_window_events();
     // park_window_events for a batch's parks.
     std::size_t write_parks(const std::vector<outboxd::window_park>& parks);
 
@@ -367,6 +373,7 @@ private:
     // deliveries out of "deliveries are due".
     std::string known_destination_;
     std::vector<std::string> known_destinations_;  // the same, for statements that take them as a parameter
+    bool consume_windows_ = false;
     query_book queries_;
     session session_;
     bool bound_to_session_ = false;

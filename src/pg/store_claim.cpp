@@ -136,7 +136,8 @@ std::vector<event> store::claim_deliveries(std::size_t limit, std::chrono::milli
         const q::claim_deliveries::args args{
             .owner = owner_,
             .lease_ms = static_cast<long long>(lease.count()),
-            .destinations = text_array(destinations)};
+            .destinations = text_array(destinations),
+            .windows = consume_windows_};
         const auto r = transaction_pooling_
                            ? exec_params(tx, claim_deliveries_sql(claim_size(limit)), args)
                            : exec_prepared(tx, prepared_name(q::claim_deliveries::name, claim_size(limit)), args);

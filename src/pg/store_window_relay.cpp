@@ -68,17 +68,16 @@ store::cursors_share store::take_free_cursors(const std::vector<int>& held) {
 }
 
 std::size_t store::checkpoint_cursors(const cursor_checkpoint& p) {
-    std::size_t written = 0;
-    for (std::size_t i = 0; i < p.slots.size(); ++i) {
-        written += checkpoint_cursor("", p.slots[i], p.epochs[i], p.snap_a, p.snap_b, p.done_below) ? 1 : 0;
-    }
-    return written;
+    return checkpoint_cursors(p.slots, p.epochs, p.snap_a, p.snap_b, p.done_below);
 }
 
-std::size_t store::release_cursors(const cursor_checkpoint& p) {
-    std::size_t released = 0;
-    for (std::size_t i = 0; i < p.slots.size(); ++i) released += release_cursor("", p.slots[i], p.epochs[i]) ? 1 : 0;
-    return released;
+std::size_t store::release_cursors(const cursor_checkpoint& p) { return release_cursors(p.slots, p.epochs); }
+
+std::int64_t store::pre_window_events() {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        return exec<q::pre_window_events>(tx, queries_).one()[q::pre_window_events::col::events].as<std::int64_t>();
+    });
 }
 
 std::size_t store::write_parks(const std::vector<outboxd::window_park>& parks) {

@@ -158,7 +158,7 @@ TEST_CASE("a replayed delivery is not leased while another relay's uncommitted c
     REQUIRE(setup.finish_deliveries(dead) == 0);
 
     // A claims e2@audit; its snapshot predates the replay of e1@audit.
-    open_claim a(setup.claim_deliveries_sql(16), "relay-a", "{audit,hooks}");  // every destination
+    open_claim a(setup.claim_deliveries_sql(16), "relay-a", "{audit,hooks}", false);  // every destination
     REQUIRE(a.result().size() == 1);
     REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
     REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});

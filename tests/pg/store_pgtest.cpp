@@ -795,7 +795,7 @@ void run_claim_deliveries_case(const std::string& state) {
     for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
     for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
     tx.exec("PREPARE claim_deliveries AS " + without_semicolon(s.claim_deliveries_sql(128)));
-    tx.exec("EXPLAIN EXECUTE claim_deliveries('a', 1, '{d1}')");  // the generic plan, made now
+    tx.exec("EXPLAIN EXECUTE claim_deliveries('a', 1, '{d1}', false)");  // the generic plan, made now
     // 20,000 parked events, each owing one delivery, the earliest due
     // belonging to the newest events (a claim in id order would not see it).
     tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, fanned_out, available_at) "
@@ -809,7 +809,7 @@ void run_claim_deliveries_case(const std::string& state) {
         tx.exec("SET plan_cache_mode = " + mode);
         tx.exec("BEGIN");
         const auto text = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_deliveries('a', 30000, "
-                                   "'{d1}')")[0]
+                                   "'{d1}', false)")[0]
                               .as<std::string>();
         const auto leased =
             tx.exec1(fmt::format("SELECT count(*) FROM {}.deliveries WHERE lease_owner = 'a'", db.schema.q()))[0]

@@ -1172,3 +1172,24 @@ TEST_CASE("windows: checkpoint_cursors and release_cursors write only the cursor
     // The spans must pair up.
     CHECK_THROWS_AS((void)b.release_cursors(slots, std::vector<std::int64_t>{1}), std::invalid_argument);
 }
+
+TEST_CASE("windows: a parked delivery does not wait for an earlier window event of its key that is only "
+          "waiting for cleanup (relay.consume = \"windows\"); a claims relay still does") {
+    installed db("win");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();
+    const auto slot = slot_of(db, "k");
+    const auto cursor = relay.take_cursor("", slot);
+    REQUIRE(cursor);
+    (void)db.enqueue(window_event("k"));  // delivered from its window; still in events until cleanup
+    const auto parked = db.enqueue(window_event("k"));
+    REQUIRE(relay.park_window_events(std::vector<pg::store::window_park>{
+                {.id = parked, .epoch = cursor->epoch, .owed = {owed("hooks")}, .dead = {}}}) ==
+            std::vector<std::int64_t>{parked});
+    const std::vector<std::string> hooks = {"hooks"};
+    CHECK(relay.claim_deliveries(4, std::chrono::milliseconds(30000), hooks).empty());
+    relay.set_consume_windows(true);
+    const auto got = relay.claim_deliveries(4, std::chrono::milliseconds(30000), hooks);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].id == parked);
+}
