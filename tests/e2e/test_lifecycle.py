@@ -13,7 +13,7 @@ import threading
 import time
 
 from conftest import EXIT_OK, REPO
-from helpers import duplicates, wait_until
+from helpers import claims_only, duplicates, wait_until
 from receiver import Receiver
 
 UNIT = REPO / "packaging" / "outboxd.service"
@@ -61,6 +61,7 @@ def test_run_once_on_an_empty_outbox_exits_0_at_once(db, relay, receiver):
     assert receiver.snapshot() == []
 
 
+@claims_only("inspects the event row's attempts; a window event's retry lives in its delivery row")
 def test_run_once_leaves_a_retry_not_yet_due_for_the_next_run(db, relay, tmp_path):
     failing = {"id": None}
 

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 
-from helpers import wait_until
+from helpers import claims_only, wait_until
 from receiver import Receiver
 
 LEASE = "30s"  # far beyond every deadline below: only a takeover meets them
@@ -108,6 +108,7 @@ def check_once_each(ledger, ids, open_at_kill):
     assert all(ledger.arrivals.get(i, 0) <= 2 for i in ids), ledger.arrivals
 
 
+@claims_only("inspects leases; windows take a dead relay's cursors instead (step 4)")
 def test_kill_9_with_a_peer_running_the_peer_takes_over_within_seconds_not_the_lease(db, relay):
     ledger = GatedLedger()
     flags = ("--concurrency", "4", "--lease", LEASE, "--sweep-interval", "1h", "--request-timeout", "20s")
@@ -127,6 +128,7 @@ def test_kill_9_with_a_peer_running_the_peer_takes_over_within_seconds_not_the_l
         check_once_each(ledger, ids, open_at_kill)
 
 
+@claims_only("inspects leases; windows take a dead relay's cursors instead (step 4)")
 def test_kill_9_and_restart_the_new_relay_delivers_its_predecessors_events_at_once(db, relay):
     ledger = GatedLedger()
     flags = ("--concurrency", "4", "--lease", LEASE, "--sweep-interval", "1h", "--request-timeout", "20s")

@@ -13,7 +13,7 @@ import urllib.request
 from prometheus_client import parser  # python3-prometheus-client, installed by scripts/deps.sh
 
 from conftest import Db, EXIT_OK
-from helpers import wait_delivered, wait_until
+from helpers import claims_only, wait_delivered, wait_until
 from receiver import Receiver
 
 
@@ -53,6 +53,7 @@ def value(samples: dict, name: str, **labels) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
+@claims_only("claim metrics and the backlog count rows of events (windows: step 5)")
 def test_metrics_count_what_the_receiver_saw(db, relay):
     """Deliveries by outcome, the attempts and latency histograms, claims and
     wake-ups, scraped in the middle of a run and at its end, equal what the
@@ -128,6 +129,7 @@ def test_metrics_count_what_the_receiver_saw(db, relay):
         assert r.stop() == EXIT_OK, r.log()
 
 
+@claims_only("the backlog counts rows of events, delivered window events until cleanup (step 5)")
 def test_the_summary_line_says_what_was_delivered_and_what_waits(db, relay):
     with Receiver() as rx:
         r = relay(rx, "--summary-interval", "1s", log_level="info")

@@ -24,7 +24,7 @@ import pytest
 from psycopg2 import sql as psql
 
 from conftest import EXIT_USAGE, TEST_APP
-from helpers import wait_until
+from helpers import claims_only, wait_until
 from nats_support import Client, NatsError, Server, cluster, published_by, wait_jetstream_ready
 
 STREAM = "EVENTS"
@@ -143,6 +143,7 @@ def test_nats_redelivery_of_an_acknowledged_event_is_dropped_by_jetstream(db, re
     check_once_and_in_order(db, client, rows)
 
 
+@claims_only("inspects leases to time the kill (windows: step 4)")
 def test_nats_kill_9_mid_run_and_restart_every_event_in_the_stream_exactly_once(db, relay, nats_server, tmp_path):
     client = Client(nats_server.port)
     client.create_stream(STREAM, ["events.>"])

@@ -8,7 +8,7 @@ import time
 import psycopg2
 
 from conftest import Db
-from helpers import duplicates, wait_delivered, wait_until
+from helpers import claims_only, duplicates, wait_delivered, wait_until
 from receiver import Receiver
 
 # How long the server stays down. This creates the outage; it is not used to
@@ -33,6 +33,7 @@ def _connect_retrying(url: str, timeout: float):
     conn.close()
 
 
+@claims_only("inspects leases of the events in flight")
 def test_events_committed_around_a_postgres_restart_are_all_delivered_and_in_flight_outcomes_recorded(
         pg_cluster, make_schema, relay, request):
     """Three deliveries are in flight when the server stops (the receiver

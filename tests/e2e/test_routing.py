@@ -13,7 +13,7 @@ import os
 import threading
 import time
 
-from helpers import duplicates, wait_delivered, wait_until
+from helpers import claims_only, duplicates, wait_delivered, wait_until
 from receiver import Receiver
 
 
@@ -112,6 +112,7 @@ def test_a_stalled_destination_does_not_stall_the_others(db, relay, tmp_path):
         assert not duplicates(ok(a)) and not duplicates(ok(b))
 
 
+@claims_only("a window event no route matches is dead-lettered at once (no row of its own to wait in)")
 def test_an_event_no_route_matches_stays_in_the_outbox_with_the_reason(db, relay, outboxd, tmp_path):
     with Receiver() as a, Receiver() as b:
         only_orders = write_config(tmp_path, two_destinations(a, b), "v1.toml")
@@ -218,6 +219,7 @@ def test_a_relay_leaves_alone_deliveries_for_destinations_it_does_not_know(db, r
         assert old.alive()
 
 
+@claims_only("a window event no route matches is dead-lettered at once (no row of its own to wait in)")
 def test_an_unroutable_event_does_not_hold_back_its_key_and_follows_the_configured_retries(db, relay, outboxd,
                                                                                         tmp_path):
     """`cart` has no route. Keyed, it would block every later event of its

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import duplicates, wait_delivered, wait_until
+from helpers import claims_only, duplicates, wait_delivered, wait_until
 from receiver import Receiver
 
 
@@ -61,6 +61,7 @@ def test_sigterm_during_an_in_flight_delivery_lets_it_finish_and_records_it(db, 
         assert 1.0 <= shutdown < 8, f"shutdown took {shutdown:.2f}s for a delivery that needed 1 s more"
 
 
+@claims_only("inspects the lease of the event in flight")
 def test_a_second_signal_exits_130_at_once_while_a_delivery_is_in_flight(db, relay):
     """The first SIGINT waits for the in-flight delivery (up to a minute
     here); the second cuts it short with exit code 130, promptly. The event
@@ -95,6 +96,7 @@ def test_a_second_signal_exits_130_at_once_while_a_delivery_is_in_flight(db, rel
         assert row["lease_owner"] is not None and not row["due"], row
 
 
+@claims_only("inspects leases")
 def test_relay_restarted_after_sigterm_delivers_the_backlog(db, relay):
     """Work enqueued around a graceful shutdown is delivered by the next relay,
     exactly once across both (nothing lost, nothing left leased)."""
@@ -160,6 +162,7 @@ def test_sigterm_with_work_that_cannot_finish_in_time_releases_it(db, relay):
             hold.set()
 
 
+@claims_only("window reads are not leases: nothing is released")
 def test_sigterm_while_claimed_ahead_releases_what_waits_and_sends_nothing_twice(db, receiver, relay):
     """During a fast backlog drain the relay holds claimed events that wait
     for a delivery slot. A graceful shutdown must hand those back unsent (not

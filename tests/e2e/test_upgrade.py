@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from conftest import EXIT_OK, REPO, Db, clean_env
-from helpers import wait_delivered, wait_until
+from helpers import claims_only, wait_delivered, wait_until
 
 # The newest migration this tree ships: an upgrade ends there.
 LATEST = max(int(p.name[:4]) for p in (REPO / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))
@@ -39,6 +39,7 @@ def _install_old(database_url: str, schema: str, upto: int) -> None:
     assert p.returncode == 0, p.stderr
 
 
+@claims_only("windows refuse to start while events from before 0009 remain (step 6 drains them first)")
 @pytest.mark.parametrize("upto", [1, 2], ids=["from_0001", "from_0002"])
 def test_migrating_an_older_outbox_with_live_rows_and_leases_loses_nothing(outboxd, database_url, make_schema,
                                                                           receiver, relay, request, upto):

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import psycopg2
 import pytest
 
-from helpers import wait_delivered, wait_until
+from helpers import claims_only, wait_delivered, wait_until
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
@@ -103,6 +103,7 @@ def test_wake_trigger_remove_and_install_round_trip(outboxd, db):
     assert outboxd("wake-trigger", "install", "--database-url", db.url, "--schema", db.schema).rc == 0
 
 
+@claims_only("windows need live leases, which a transaction pooler cannot give")
 def test_poll_mode_through_pgbouncer_transaction_pooling_claims_delivers_and_acknowledges(
         outboxd, db, pgbouncer, receiver, relay):
     _remove_trigger(outboxd, db)
@@ -138,6 +139,7 @@ def test_poll_mode_through_pgbouncer_transaction_pooling_claims_delivers_and_ack
             a.close()
 
 
+@claims_only("windows need live leases, which a transaction pooler cannot give")
 def test_notify_behind_a_transaction_pooler_fails_its_self_test_loudly_and_polls(
         outboxd, db, pgbouncer, receiver, relay):
     r = relay(receiver, "--wake", "notify", "--poll-interval", "200ms", "--sweep-interval", "1h",
