@@ -86,6 +86,10 @@ struct held_leases {
 struct claim_watermark {
     std::string available_at;  // timestamptz as PostgreSQL prints it (exact)
     std::int64_t id = 0;
+    // The drain it belongs to (set by run_claim): the low mark its first
+    // claim started from, and the low mark that claim returned.
+    std::optional<std::string> drain_began_at = {};
+    std::optional<std::string> drain_low_mark = {};
 };
 
 struct claim_result {
