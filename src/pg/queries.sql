@@ -103,16 +103,18 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- earlier event of its key, and a scan that tested rows until LIMIT of them
 -- passed read the whole backlog at every claim. A claim that reaches the
 -- bound reports itself full, with its watermark at the last row examined,
--- so that the relay goes on behind it as through any backlog. The two
--- tests of the rule each read a few index entries whatever the key holds:
--- the key's first event not fanned out, from the key index; the lease, as
--- the key's hold (a leased keyed event always holds its key until its lease
--- ends: the claim takes the hold with the lease, and every statement that
--- ends the lease drops it). A hold of the row itself does not block it: a
--- claim that took the hold but could not lease the row leaves it due.
--- FOR UPDATE OF locked: rows are locked after the rule, as they pass it,
--- not as they are examined; locked by ctid, a row that changed since the
--- snapshot is not locked (its new version is not at that ctid).
+-- so that the relay goes on behind it as through any backlog. Each test of
+-- the rule reads a few index entries, however many events the key has: the
+-- nearest earlier event of the key not fanned out, walking the key index
+-- back from the row (a range and an order only that index serves, so no
+-- plan walks the table instead); a lease, as the key's live hold (a leased
+-- keyed event holds its key until its lease ends: the claim takes the hold
+-- with the lease, and every statement that ends a lease drops its hold).
+-- The row's own hold does not block it: a claim that took the hold but
+-- could not lease the row leaves it due.
+-- FOR UPDATE OF locked: rows are locked as they pass the rule, not as they
+-- are examined; locked by ctid, a row that changed since the snapshot is
+-- not locked (its new version is elsewhere).
 WITH due AS (
     SELECT locked.id, locked.ctid AS tid, locked.available_at, locked.ordering_key
     FROM (SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
@@ -123,13 +125,12 @@ WITH due AS (
           LIMIT 4 * :claim_size + 256) AS examined
     JOIN :"schema".events locked ON locked.ctid = examined.tid
     WHERE examined.ordering_key IS NULL
-       OR (NOT EXISTS (
-               SELECT 1
-               FROM (SELECT first.ordering_key, first.id FROM :"schema".events first
-                     WHERE first.ordering_key >= examined.ordering_key AND NOT first.fanned_out
-                     ORDER BY first.ordering_key, first.id
-                     LIMIT 1) AS first
-               WHERE first.ordering_key = examined.ordering_key AND first.id < examined.id)
+       OR ((SELECT earlier.id FROM :"schema".events earlier
+            WHERE earlier.ordering_key >= examined.ordering_key
+              AND (earlier.ordering_key, earlier.id) < (examined.ordering_key, examined.id)
+              AND NOT earlier.fanned_out
+            ORDER BY earlier.ordering_key DESC, earlier.id DESC
+            LIMIT 1) IS NULL
            AND NOT EXISTS (
                SELECT 1 FROM :"schema".key_holds h
                WHERE h.ordering_key = examined.ordering_key AND h.destination = ''
