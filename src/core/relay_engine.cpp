@@ -182,7 +182,13 @@ void relay_engine::claimed(claim_outcome result) {
         log::warn("handed back leases taken by a claim whose answer was lost; they are due now",
                   {{"leases", str(static_cast<std::int64_t>(result.released))}});
     }
-    confirmed_empty_ = std::exchange(confirming_, false) && result.events.empty();
+    // A confirming claim that came back full but empty (it examined its bound
+    // of rows of blocked keys) goes on through the claims behind it.
+    confirmed_empty_ = false;
+    if (confirming_ && (!result.events.empty() || !result.full)) {
+        confirmed_empty_ = result.events.empty();
+        confirming_ = false;
+    }
     deliveries_due_ = result.deliveries_due;
     drain_watermark_ = std::move(result.drain_watermark);
     low_mark_ = std::move(result.low_mark);
