@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
+#include "core/claim_sequence.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
 
@@ -1008,4 +1009,69 @@ TEST_CASE("transactions_in_progress: a transaction that began after the last one
     CHECK(ids.contains(xid));
     CHECK(s.still_in_progress(listed).find(xid) != std::string::npos);
     tx.abort();
+}
+
+namespace {
+
+// The store's claims as the relay runs them (claim sequence over the store).
+class store_port final : public claim_port {
+public:
+    explicit store_port(pg::store& s) : s_(s) {}
+    claim_result claim_events(std::size_t size, std::chrono::milliseconds lease,
+                              const std::optional<claim_watermark>& after,
+                              const std::optional<std::string>& low_mark) override {
+        ++claims;
+        return s_.claim(size, lease, after, low_mark);
+    }
+    std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds lease,
+                                        std::span<const std::string> destinations) override {
+        return s_.claim_deliveries(size, lease, destinations);
+    }
+    std::size_t release_untracked(const held_leases& keep) override { return s_.release_untracked(keep); }
+    int claims = 0;
+
+private:
+    pg::store& s_;
+};
+
+}  // namespace
+
+TEST_CASE("an event without a key behind a backlog of blocked keys is claimed by the claims that go on behind "
+          "the first, and they stop at its end") {
+    // 3,000 events over 2 keys, then one without a key, a minute old. A
+    // claim of 16 examines 320 rows: the keys' first events and 318 rows
+    // that wait behind them. It comes back full, so the relay goes on behind
+    // it, and finds the event without a key near the end; the drain ends
+    // there, and the look for late commits starts where it began, behind
+    // the backlog.
+    installed db;
+    auto s = db.store("a");
+    CHECK(db.query("WITH backlog AS (INSERT INTO {s}.events (topic, ordering_key, payload, available_at) "
+                   "SELECT 't', 'key-' || (g % 2), '{}', now() - interval '1 minute' "
+                   "FROM generate_series(1, 3000) g RETURNING 1) SELECT count(*) FROM backlog") == "3000");
+    const auto loner = db.query("INSERT INTO {s}.events (topic, payload, available_at) "
+                                "VALUES ('t', '{}', now() - interval '1 minute') RETURNING id");
+    store_port port(s);
+    claim_request r;
+    r.wanted = 16;
+    r.lease = 30s;
+    std::vector<std::int64_t> got;
+    bool ended = false;
+    for (int run = 0; run < 30 && !ended; ++run) {
+        const auto out = run_claim(port, r);
+        for (const auto& e : out.events) got.push_back(e.id);
+        r.drain_watermark = out.drain_watermark;
+        r.low_mark = out.low_mark;
+        ended = !out.full;
+    }
+    CHECK(ended);
+    std::sort(got.begin(), got.end());
+    CHECK(got == std::vector<std::int64_t>{1, 2, std::stoll(loner)});
+    // 3,001 rows, 320 a claim: 10 claims, and the one after the drain.
+    CHECK(port.claims <= 12);
+    // Nothing else is due: the next claim starts behind the backlog.
+    const auto again = run_claim(port, r);
+    CHECK(again.events.empty());
+    CHECK_FALSE(again.full);
+    CHECK(port.claims <= 13);
 }
