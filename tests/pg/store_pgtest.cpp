@@ -768,6 +768,51 @@ TEST_CASE("complete, planned while the statistics say the outbox is empty but it
     in_each_drained_state(run_complete_case);
 }
 
+TEST_CASE("complete, planned while the outbox was small, reads only what it deletes once the outbox has grown") {
+    // The outcome session plans `complete` once (its generic plan costs no
+    // more than its custom ones) and keeps that plan until the table's
+    // statistics change. Made while the outbox was small, the plan was a
+    // sequential scan, which then read the whole table at every batch as
+    // the outbox grew between two autovacuums: under load, a busy `auto`
+    // relay's batches of ~13 events read ~250 buffers each instead of ~40.
+    installed db;
+    auto conn = testing::connect();
+    pqxx::nontransaction tx(*conn);
+    // No autovacuum or autoanalyze meanwhile: new statistics replace the plan.
+    tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    tx.exec("SET plan_cache_mode = force_generic_plan");
+    tx.exec("PREPARE complete AS " + without_semicolon(pg::q::complete::text(db.schema.name())));
+    tx.exec("EXPLAIN EXECUTE complete('{}', '{}', 'a', '{}')");  // the generic plan, made on the empty table
+    tx.exec(fmt::format("INSERT INTO {}.events (topic, payload) SELECT 't', '{{}}' FROM generate_series(1, 100000)",
+                        db.schema.q()));
+    const auto leased = tx.exec(fmt::format(
+        "UPDATE {0}.events SET attempts = 1, lease_owner = 'a', available_at = now() + interval '1 minute' "
+        "WHERE id IN (SELECT id FROM {0}.events ORDER BY id DESC LIMIT 16) RETURNING id, ctid",
+        db.schema.q()));
+    std::vector<std::string> ids, attempts, tids;
+    for (const auto& row : leased) {
+        ids.push_back(row[0].c_str());
+        attempts.emplace_back("1");
+        tids.push_back(fmt::format("\"{}\"", row[1].c_str()));
+    }
+    tx.exec("BEGIN");
+    const auto text = tx.exec1(fmt::format("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE complete('{{{}}}', "
+                                           "'{{{}}}', 'a', '{{{}}}')",
+                                           fmt::join(ids, ","), fmt::join(attempts, ","), fmt::join(tids, ",")))[0]
+                          .as<std::string>();
+    const auto deleted = tx.exec1(fmt::format("SELECT 100000 - count(*) FROM {}.events", db.schema.q()))[0].as<int>();
+    tx.exec("ROLLBACK");
+    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+    const auto nodes = plan_nodes(plan);
+    CAPTURE(nodes);
+    CHECK(deleted == 16);
+    // The 16 rows and the page each is on: a few dozen buffers. The whole
+    // table is ~900.
+    CHECK(buffers_of(plan) <= 200);
+    CHECK(rows_removed(plan) <= 100);
+}
+
 namespace {
 
 // The state a drained outbox leaves (see the claims' test above) on both
