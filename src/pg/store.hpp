@@ -223,6 +223,9 @@ public:
     // What every relay session (relay_session) runs: public for the tests
     // that check the outcome statements' plans.
     [[nodiscard]] static std::vector<std::string> relay_session_settings();
+    // What a session without plan_once sets around `complete` (and resets
+    // after it): public for its plan's test.
+    [[nodiscard]] static std::vector<std::string> complete_settings();
 
 private:
     void set_up(pqxx::connection& c);

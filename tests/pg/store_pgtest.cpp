@@ -780,7 +780,9 @@ TEST_CASE("complete, planned while the outbox was small, reads only what it dele
     pqxx::nontransaction tx(*conn);
     // No autovacuum or autoanalyze meanwhile: new statistics replace the plan.
     tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
+    // The outcome session's settings, and those it runs `complete` with.
     for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    for (const auto& setting : pg::store::complete_settings()) tx.exec(setting);
     tx.exec("SET plan_cache_mode = force_generic_plan");
     tx.exec("PREPARE complete AS " + without_semicolon(pg::q::complete::text(db.schema.name())));
     tx.exec("EXPLAIN EXECUTE complete('{}', '{}', 'a', '{}')");  // the generic plan, made on the empty table
