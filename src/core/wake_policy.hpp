@@ -128,6 +128,13 @@ public:
     [[nodiscard]] const std::string& unseen() const noexcept { return checking_; }
     // Observers (tests, logs).
     [[nodiscard]] bool busy() const noexcept { return state_ == state::busy; }
+    // Whether a claim that leases anything is followed at once by another
+    // (auto, busy; a full claim is followed in every mode). The claim's
+    // answer to "when is the next one due" can then wait for a claim that
+    // leases nothing: this one is never the last before the relay waits.
+    [[nodiscard]] bool claims_back_to_back() const noexcept {
+        return s_.mode == wake_mode::automatic && !polling_ && state_ == state::busy;
+    }
     [[nodiscard]] bool polling() const noexcept { return polling_; }
     [[nodiscard]] bool declared_idle_now() const noexcept { return declared_idle_; }
 

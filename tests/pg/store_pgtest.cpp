@@ -507,6 +507,34 @@ TEST_CASE("a claim behind a watermark skips what lies before it; a claim without
     CHECK(ids_of(s.claim(4, 30s).events) == std::vector<std::int64_t>{ids[5]});
 }
 
+TEST_CASE("a followed claim from the low mark says when the next one is due only when it leases nothing") {
+    installed db;
+    auto s = db.store("a");
+    const auto first = s.claim(10, 30s);
+    // A retry due in 30 s, and an event due now.
+    const auto retry = db.enqueue(ev("t"));
+    db.query("UPDATE {s}.events SET available_at = now() + interval '30 seconds' WHERE id = " +
+             std::to_string(retry) + " RETURNING 1");
+    (void)db.enqueue(ev("t"));
+    // Not followed (idle, poll, wal): the claim that leases says it.
+    auto r = s.claim(10, 30s, std::nullopt, first.low_mark, false);
+    CHECK(r.events.size() == 1);
+    REQUIRE(r.next_due);
+    CHECK(*r.next_due > 25s);
+    CHECK(*r.next_due <= 30s);
+    // Followed (a busy `auto` relay): the claim that leases does not; the
+    // one that leases nothing, which comes next, does.
+    (void)db.enqueue(ev("t"));
+    r = s.claim(10, 30s, std::nullopt, r.low_mark, true);
+    CHECK(r.events.size() == 1);
+    CHECK_FALSE(r.next_due);
+    r = s.claim(10, 30s, std::nullopt, r.low_mark, true);
+    CHECK(r.events.empty());
+    REQUIRE(r.next_due);
+    CHECK(*r.next_due > 25s);
+    CHECK(*r.next_due <= 30s);
+}
+
 TEST_CASE("a claim from the low mark skips what is due before it; the low mark is 5 s before the claim") {
     installed db;
     auto s = db.store("a");
@@ -583,14 +611,14 @@ TEST_CASE("the claims' generic plans, made while the outbox was small, never rea
         auto prepare = [&](const std::string& name, std::string sql) {
             tx.exec("PREPARE " + name + " AS " + without_semicolon(std::move(sql)));
             tx.exec("EXPLAIN EXECUTE " + name +
-                    (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
+                    (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity', false)" : "('a', 1, '-infinity', 0)"));
         };
         prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
         prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
         prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
 
         fill(20000);
-        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity')",
+        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity', false)",
                                           "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
             CAPTURE(execute);
             const auto text = tx.exec1("EXPLAIN (ANALYZE, FORMAT JSON) " + execute)[0].as<std::string>();
@@ -678,14 +706,14 @@ TEST_CASE("the claims' generic plans, made while the statistics say the outbox i
     auto prepare = [&](const std::string& name, std::string sql) {
         tx.exec("PREPARE " + name + " AS " + without_semicolon(std::move(sql)));
         tx.exec("EXPLAIN EXECUTE " + name +
-                (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
+                (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity', false)" : "('a', 1, '-infinity', 0)"));
     };
     prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
     prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
     prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
 
     fill(20000);
-    for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity')",
+    for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity', false)",
                                       "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
         CAPTURE(execute);
         const auto text = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute)[0].as<std::string>();

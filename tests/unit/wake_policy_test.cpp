@@ -56,12 +56,16 @@ TEST_CASE("wake policy: LISTEN declares the relay idle, then reads what is in pr
 
 TEST_CASE("wake policy: a busy relay declares itself busy and claims back to back") {
     auto w = idle_relay();
+    CHECK_FALSE(w.claims_back_to_back());
     CHECK_FALSE(w.claimed(10, false, t0 + 1ms).declare);  // 10 in 100 ms: under 300/s
     const auto a = w.claimed(25, false, t0 + 2ms);      // 35: over
     REQUIRE(a.declare);
     CHECK_FALSE(*a.declare);
     CHECK(a.claim);
     CHECK(w.busy());
+    // Every claim that finds something is followed by another (the claims
+    // then leave "when is the next one due" to one that finds nothing).
+    CHECK(w.claims_back_to_back());
     CHECK(w.claimed(3, false, t0 + 3ms).claim);         // found some: at once again
     CHECK_FALSE(w.claimed(8, true, t0 + 4ms).claim);    // full: the engine goes on by itself
     // Found nothing: again after busy_poll, until idle_after has passed.
@@ -74,6 +78,7 @@ TEST_CASE("wake policy: a busy relay declares itself busy and claims back to bac
     CHECK(*c.declare);
     CHECK(c.read_in_progress);
     CHECK_FALSE(w.busy());
+    CHECK_FALSE(w.claims_back_to_back());
 }
 
 TEST_CASE("wake policy: a failed idle declaration keeps the relay busy and tries again") {
@@ -188,6 +193,7 @@ TEST_CASE("wake policy: wal mode claims each commit at once below busy_rate, and
     (void)w.claimed(1, false, t0 + 4ms);
     // 40 events in this window: 400 a second, above busy_rate.
     (void)w.claimed(38, false, t0 + 5ms);
+    CHECK_FALSE(w.claims_back_to_back());  // a claim follows the next commit, not this claim
     CHECK_FALSE(w.notified(t0 + 6ms).claim);
     CHECK(*w.next_timer() == t0 + 23ms);      // the gap after the claim at 3ms
     CHECK_FALSE(w.notified(t0 + 8ms).claim);  // shares the claim set for the end of the gap
