@@ -49,8 +49,8 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- params: owner, lease_ms
 -- variant claim: :after_watermark = true
 -- variant claim: :outside_drain = true
--- variant claim_from (low_mark): :after_watermark = e.available_at >= $3::timestamptz
--- variant claim_from: :outside_drain = true
+-- variant claim_from (low_mark, followed): :after_watermark = e.available_at >= $3::timestamptz
+-- variant claim_from: :outside_drain = NOT ($4::boolean AND EXISTS (SELECT 1 FROM claimed))
 -- variant claim_after (watermark_at, watermark_id): :after_watermark = (e.available_at, e.id) > ($3::timestamptz, $4::bigint)
 -- variant claim_after: :outside_drain = false
 -- Picks due events and stamps our lease in one short statement; no
@@ -115,6 +115,9 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- FOR UPDATE OF locked: rows are locked as they pass the rule, not as they
 -- are examined; locked by ctid, a row that changed since the snapshot is
 -- not locked (its new version is elsewhere).
+-- followed: the relay claims again at once after this claim if it leases
+-- anything (a busy `auto` relay, core/wake_policy.hpp); then the claim
+-- leaves "when is the next one" (below) to the claim that leases nothing.
 WITH due AS (
     SELECT locked.id, locked.ctid AS tid, locked.available_at, locked.ordering_key
     FROM (SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
@@ -193,10 +196,12 @@ UNION ALL
 -- as the claim, so nothing can fall due in a gap between "claim what is due"
 -- and "when is the next one".
 -- Not while draining behind a watermark (:outside_drain is false in
--- claim_after, and the planner drops the subqueries): the next claim follows
--- at once anyway, and the search would wade through the index entries of
--- every lease taken and finished during the drain (dead until vacuum),
--- a little further at each claim. The claim that ends the drain answers it.
+-- claim_after, and the planner drops the subqueries), nor in a followed
+-- claim_from that leased events (its subqueries never run): the next claim
+-- follows at once anyway, and the search wades through the index entries of
+-- every lease taken in the last lease period whose event is gone (each lease
+-- moved its row's available_at there; the entries stay until vacuum). The
+-- claim that ends the drain, or leases nothing, answers it.
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- ORDER BY ... LIMIT 1, not min(): the planner does not turn this
        -- min() into a LIMIT 1 scan, and it then read every leased row (each

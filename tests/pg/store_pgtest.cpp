@@ -508,6 +508,34 @@ TEST_CASE("a claim behind a watermark skips what lies before it; a claim without
     CHECK(ids_of(s.claim(4, 30s).events) == std::vector<std::int64_t>{ids[5]});
 }
 
+TEST_CASE("a followed claim from the low mark says when the next one is due only when it leases nothing") {
+    installed db;
+    auto s = db.store("a");
+    const auto first = s.claim(10, 30s);
+    // A retry due in 30 s, and an event due now.
+    const auto retry = db.enqueue(ev("t"));
+    db.query("UPDATE {s}.events SET available_at = now() + interval '30 seconds' WHERE id = " +
+             std::to_string(retry) + " RETURNING 1");
+    (void)db.enqueue(ev("t"));
+    // Not followed (idle, poll, wal): the claim that leases says it.
+    auto r = s.claim(10, 30s, std::nullopt, first.low_mark, false);
+    CHECK(r.events.size() == 1);
+    REQUIRE(r.next_due);
+    CHECK(*r.next_due > 25s);
+    CHECK(*r.next_due <= 30s);
+    // Followed (a busy `auto` relay): the claim that leases does not; the
+    // one that leases nothing, which comes next, does.
+    (void)db.enqueue(ev("t"));
+    r = s.claim(10, 30s, std::nullopt, r.low_mark, true);
+    CHECK(r.events.size() == 1);
+    CHECK_FALSE(r.next_due);
+    r = s.claim(10, 30s, std::nullopt, r.low_mark, true);
+    CHECK(r.events.empty());
+    REQUIRE(r.next_due);
+    CHECK(*r.next_due > 25s);
+    CHECK(*r.next_due <= 30s);
+}
+
 TEST_CASE("a claim from the low mark skips what is due before it; the low mark is 5 s before the claim") {
     installed db;
     auto s = db.store("a");
@@ -584,14 +612,14 @@ TEST_CASE("the claims' generic plans, made while the outbox was small, never rea
         auto prepare = [&](const std::string& name, std::string sql) {
             tx.exec("PREPARE " + name + " AS " + without_semicolon(std::move(sql)));
             tx.exec("EXPLAIN EXECUTE " + name +
-                    (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
+                    (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity', false)" : "('a', 1, '-infinity', 0)"));
         };
         prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
         prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
         prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
 
         fill(20000);
-        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity')",
+        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity', false)",
                                           "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
             CAPTURE(execute);
             const auto text = tx.exec1("EXPLAIN (ANALYZE, FORMAT JSON) " + execute)[0].as<std::string>();
@@ -679,14 +707,14 @@ TEST_CASE("the claims' generic plans, made while the statistics say the outbox i
     auto prepare = [&](const std::string& name, std::string sql) {
         tx.exec("PREPARE " + name + " AS " + without_semicolon(std::move(sql)));
         tx.exec("EXPLAIN EXECUTE " + name +
-                (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
+                (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity', false)" : "('a', 1, '-infinity', 0)"));
     };
     prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
     prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
     prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
 
     fill(20000);
-    for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity')",
+    for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity', false)",
                                       "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
         CAPTURE(execute);
         const auto text = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute)[0].as<std::string>();
@@ -816,6 +844,100 @@ TEST_CASE("complete, planned while the statistics say the outbox is empty but it
     // whole index per row, and a batch of thousands ran into the statement
     // timeout, so that nothing was recorded and every event went out again.
     in_each_drained_state(run_complete_case);
+}
+
+TEST_CASE("complete, planned while the outbox was small, reads only what it deletes once the outbox has grown") {
+    // The outcome session plans `complete` once (its generic plan costs no
+    // more than its custom ones) and keeps that plan until the table's
+    // statistics change. Made while the outbox was small, the plan was a
+    // sequential scan, which then read the whole table at every batch as
+    // the outbox grew between two autovacuums: under load, a busy `auto`
+    // relay's batches of ~13 events read ~250 buffers each instead of ~40.
+    installed db;
+    auto conn = testing::connect();
+    pqxx::nontransaction tx(*conn);
+    // No autovacuum or autoanalyze meanwhile: new statistics replace the plan.
+    tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
+    // The outcome session's settings, and those it runs `complete` with.
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    for (const auto& setting : pg::store::complete_settings()) tx.exec(setting);
+    tx.exec("SET plan_cache_mode = force_generic_plan");
+    tx.exec("PREPARE complete AS " + without_semicolon(pg::q::complete::text(db.schema.name())));
+    tx.exec("EXPLAIN EXECUTE complete('{}', '{}', 'a', '{}')");  // the generic plan, made on the empty table
+    tx.exec(fmt::format("INSERT INTO {}.events (topic, payload) SELECT 't', '{{}}' FROM generate_series(1, 100000)",
+                        db.schema.q()));
+    const auto leased = tx.exec(fmt::format(
+        "UPDATE {0}.events SET attempts = 1, lease_owner = 'a', available_at = now() + interval '1 minute' "
+        "WHERE id IN (SELECT id FROM {0}.events ORDER BY id DESC LIMIT 16) RETURNING id, ctid",
+        db.schema.q()));
+    std::vector<std::string> ids, attempts, tids;
+    for (const auto& row : leased) {
+        ids.push_back(row[0].c_str());
+        attempts.emplace_back("1");
+        tids.push_back(fmt::format("\"{}\"", row[1].c_str()));
+    }
+    tx.exec("BEGIN");
+    const auto text = tx.exec1(fmt::format("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE complete('{{{}}}', "
+                                           "'{{{}}}', 'a', '{{{}}}')",
+                                           fmt::join(ids, ","), fmt::join(attempts, ","), fmt::join(tids, ",")))[0]
+                          .as<std::string>();
+    const auto deleted = tx.exec1(fmt::format("SELECT 100000 - count(*) FROM {}.events", db.schema.q()))[0].as<int>();
+    tx.exec("ROLLBACK");
+    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+    const auto nodes = plan_nodes(plan);
+    CAPTURE(nodes);
+    CHECK(deleted == 16);
+    // The 16 rows and the page each is on: a few dozen buffers. The whole
+    // table is ~900.
+    CHECK(buffers_of(plan) <= 200);
+    CHECK(rows_removed(plan) <= 100);
+}
+
+TEST_CASE("a busy relay's claim that leases events does not read the index entries of the last minute's leases") {
+    // Each lease moves its row's available_at a lease period ahead, into a
+    // new index entry, and the event is deleted when delivered: the entries
+    // of every lease of the last minute lie between now and the leases in
+    // flight, dead until vacuum. The search for the next due walked all of
+    // them at every claim (a busy relay claims ~10 events at a time, back to
+    // back): ~70 buffers a claim after 10 s at 4,000 events/s. Here: 50,000
+    // such entries (~170 index pages), then a claim of 10 due events.
+    installed db;
+    const auto s = db.store("a");
+    auto conn = testing::connect();
+    pqxx::nontransaction tx(*conn);
+    tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
+    tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(16, pg::claim_from::low_mark)));
+    // Written an hour ago (their first entries lie behind the low mark),
+    // leased over the last minute, delivered.
+    tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, available_at) "
+                        "SELECT 't', '{{}}', now() - interval '1 hour' FROM generate_series(1, 50000)",
+                        db.schema.q()));
+    tx.exec(fmt::format("UPDATE {}.events SET attempts = 1, lease_owner = 'b', "
+                        "available_at = now() + (id % 60000) * interval '1 millisecond'",
+                        db.schema.q()));
+    tx.exec(fmt::format("DELETE FROM {}.events", db.schema.q()));
+    // The first scan to meet them marks them dead in the index; later ones
+    // still read their pages.
+    tx.exec(fmt::format("SELECT available_at FROM {}.events WHERE available_at > now() ORDER BY available_at LIMIT 1",
+                        db.schema.q()));
+    tx.exec(fmt::format("INSERT INTO {}.events (topic, payload) SELECT 't', '{{}}' FROM generate_series(1, 10)",
+                        db.schema.q()));
+    std::string args = "'a', 60000, now() - interval '5 seconds'";
+    if (pg::q::claim_from::params.size() == 4) args += ", true";  // followed: a busy `auto` relay's claim
+    tx.exec("BEGIN");
+    const auto text =
+        tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_from(" + args + ")")[0].as<std::string>();
+    const auto leased =
+        tx.exec1(fmt::format("SELECT count(*) FROM {}.events WHERE lease_owner = 'a'", db.schema.q()))[0].as<int>();
+    tx.exec("ROLLBACK");
+    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+    const auto nodes = plan_nodes(plan);
+    CAPTURE(nodes);
+    CHECK(leased == 10);
+    // 10 rows leased, their old and new index entries: ~100 buffers.
+    CHECK(buffers_of(plan) <= 150);
 }
 
 namespace {
