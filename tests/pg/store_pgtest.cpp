@@ -765,13 +765,13 @@ TEST_CASE("a claim over a backlog of few keys reads a bounded part of it, not ev
     };
     SUBCASE("the keys' first events waiting") {
         explain("EXECUTE claim('a', 30000)", 10);
-        explain("EXECUTE claim_from('a', 30000, '-infinity')", 10);
+        explain("EXECUTE claim_from('a', 30000, '-infinity', false)", 10);
         explain("EXECUTE claim_after('a', 30000, '-infinity', 0)", 10);
     }
     SUBCASE("the keys' first events out") {
         REQUIRE(s.claim(128, 30s).events.size() == 10);
         explain("EXECUTE claim('a', 30000)", 10);
-        explain("EXECUTE claim_from('a', 30000, '-infinity')", 10);
+        explain("EXECUTE claim_from('a', 30000, '-infinity', false)", 10);
         explain("EXECUTE claim_after('a', 30000, '-infinity', 0)", 10);
     }
 }
