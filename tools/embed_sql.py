@@ -16,7 +16,8 @@ Per query, it reads from the SQL (comments and string literals aside):
   * the result columns: the first SELECT list of the statement (every branch
     of a UNION must have as many), or its RETURNING list; each needs a name
     PostgreSQL would give it too (a column, a function call, or AS alias);
-  * placeholders `:word`, filled in when the statement is rendered. A
+  * placeholders `:word`, filled in when the statement is rendered (each
+    occurrence of a word with the same text). A
     `-- variant NAME (extra, params): :word = SQL` line fixes one of them for
     the variant NAME, which becomes a query of its own (its parameters: the
     query's, then the extra ones); the others are filled in at run time.
@@ -327,8 +328,6 @@ def descriptors(queries):
             pieces.append(current + q.text[cursor:])
             for s in slots:
                 check_ident("queries.sql", f"placeholder of {vname}", s)
-            if len(set(slots)) != len(slots):
-                fail(f"{where}: placeholder :{slots[0]} appears twice; fill it once")
             if any(d.name == vname for d in out):
                 fail(f"{where}: another query or variant is named {vname}")
             out.append(Descriptor(vname, index, params, columns, pieces, slots))
@@ -355,8 +354,9 @@ def header(descs):
            "#include <string_view>", "#include <tuple>", "", '#include "pg/fragment.hpp"', "",
            "namespace outboxd::pg::q {", ""]
     for d in descs:
+        names = list(dict.fromkeys(d.slots))  # each placeholder once, in order
         out.append(f"// {d.name}: {len(d.params)} parameter(s), {len(d.columns)} column(s)"
-                   + (f", filled in: {', '.join(d.slots)}" if d.slots else "") + ".")
+                   + (f", filled in: {', '.join(names)}" if d.slots else "") + ".")
         out.append(f"struct {d.name} {{")
         out.append(f'    static constexpr std::string_view name = "{d.name}";')
         out.append(f"    static constexpr std::size_t source = {d.source};")
@@ -373,7 +373,7 @@ def header(descs):
             out.append("    };")
         if d.slots:
             out.append("    struct fills {")
-            for s in d.slots:
+            for s in names:
                 out.append(f"        fragment {s};")
             out.append("    };")
             out.append("    // The statement for `schema` with the placeholders filled in.")

@@ -55,13 +55,14 @@ namespace net = boost::asio;
 namespace {
 
 // The store's two claim statements, as the claim sequence calls them.
+// followed: see pg::store::claim.
 class store_claims final : public claim_port {
 public:
-    explicit store_claims(pg::store& store) : store_(store) {}
+    store_claims(pg::store& store, bool followed) : store_(store), followed_(followed) {}
     claim_result claim_events(std::size_t size, std::chrono::milliseconds lease,
                               const std::optional<claim_watermark>& after,
                               const std::optional<std::string>& low_mark) override {
-        return store_.claim(size, lease, after, low_mark);
+        return store_.claim(size, lease, after, low_mark, followed_);
     }
     std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds lease,
                                         std::span<const std::string> destinations) override {
@@ -74,6 +75,7 @@ public:
 
 private:
     pg::store& store_;
+    bool followed_;
 };
 
 // Writes a batch; returns how many outcomes the database refused because the
@@ -592,9 +594,10 @@ private:
     }
 
     void run(claim_command& c) {
-        worker_.submit([this, epoch = epoch_, request = std::move(c.request)](pg::store& store) {
+        worker_.submit([this, epoch = epoch_, request = std::move(c.request),
+                        followed = wake_.claims_back_to_back()](pg::store& store) {
             try {
-                store_claims port(store);
+                store_claims port(store, followed);
                 const auto started = std::chrono::steady_clock::now();
                 auto outcome = run_claim(port, request);
                 outcome.started = started;

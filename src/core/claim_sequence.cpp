@@ -77,17 +77,37 @@ claim_outcome run_claim(claim_port& db, const claim_request& request) {
     // everything due: then its own low mark holds for the next claim.
     bool took_all = claimed.picked < size;
     // Whether the last event statement came back full (judged on the rows
-    // it picked, leased or not), and the last row it picked.
-    bool events_full = size > 0 && claimed.picked == size;
+    // it picked, leased or not, or examined), and the last row it examined.
+    bool events_full = size > 0 && claimed.picked >= size;
     auto last_picked = claimed.last;
+    // The drain a full claim begins or continues: where it began, and the
+    // low mark its first claim returned.
+    auto began_at = out.low_mark;
+    std::optional<std::string> drain_low_mark = claimed.low_mark;
+    if (out.drain_watermark) {
+        began_at = out.drain_watermark->drain_began_at;
+        drain_low_mark = out.drain_watermark->drain_low_mark;
+    }
     if (out.drain_watermark && !events_full) {
-        // The drain reached its end: once more from the low mark.
+        // The drain reached its end: once more from the low mark, for what
+        // committed late behind the watermark. From the low mark the drain's
+        // first claim returned if the low mark has not moved back since (a
+        // sweep): the drain examined everything due before that, and what it
+        // skipped there (rows of blocked keys, rows another claim held) is
+        // found as it would be behind any low mark; from an older one, the
+        // look would meet the rows of blocked keys again and again.
+        const auto from = out.low_mark == began_at && out.drain_watermark->drain_low_mark
+                              ? out.drain_watermark->drain_low_mark
+                              : out.low_mark;
         out.drain_watermark.reset();
         const auto rest = claim_size(size - claimed.events.size());
-        auto behind = db.claim_events(rest, request.lease, std::nullopt, out.low_mark);
+        auto behind = db.claim_events(rest, request.lease, std::nullopt, from);
         took_all = behind.picked < rest;
-        events_full = rest > 0 && behind.picked == rest;
+        events_full = rest > 0 && behind.picked >= rest;
         last_picked = behind.last;
+        // A drain begun here: compared with the relay's low mark at its end.
+        began_at = out.low_mark;
+        drain_low_mark = behind.low_mark;
         append(claimed.events, std::move(behind.events));
         claimed.next_due = behind.next_due;
         claimed.deliveries_due = behind.deliveries_due;
@@ -97,6 +117,10 @@ claim_outcome run_claim(claim_port& db, const claim_request& request) {
     // Anything less ends the drain.
     if (events_full) {
         out.drain_watermark = last_picked;
+        if (out.drain_watermark) {
+            out.drain_watermark->drain_began_at = std::move(began_at);
+            out.drain_watermark->drain_low_mark = std::move(drain_low_mark);
+        }
     } else if (size > 0) {
         out.drain_watermark.reset();
     }

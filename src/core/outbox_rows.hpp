@@ -86,6 +86,10 @@ struct held_leases {
 struct claim_watermark {
     std::string available_at;  // timestamptz as PostgreSQL prints it (exact)
     std::int64_t id = 0;
+    // The drain it belongs to (set by run_claim): the low mark its first
+    // claim started from, and the low mark that claim returned.
+    std::optional<std::string> drain_began_at = {};
+    std::optional<std::string> drain_low_mark = {};
 };
 
 struct claim_result {
@@ -96,13 +100,16 @@ struct claim_result {
     std::optional<std::chrono::milliseconds> next_due;
     // Deliveries are due (claim them with claim_deliveries).
     bool deliveries_due = false;
-    // The last event claimed, in claim order (nullopt if none).
+    // The last event picked, in claim order, or the last row examined if
+    // the claim examined its bound of rows (nullopt if none).
     std::optional<claim_watermark> last;
     // Where the next claim outside a drain may start, if this one came back
     // less than full (see the claim in queries.sql).
     std::string low_mark;
     // Due events the claim picked, including those it could not lease
-    // because another claim holds their key: whether it came back full.
+    // because another claim holds their key: whether it came back full. The
+    // claim's size when it examined its bound of rows without filling up
+    // (rows of blocked keys): full too, more may be due behind them.
     std::size_t picked = 0;
 };
 

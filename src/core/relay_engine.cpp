@@ -207,8 +207,13 @@ void relay_engine::claimed(claim_outcome result) {
     const bool page_full = result.window && result.window->full;
     const bool page_empty = !result.window || result.window->events.empty();
     if (reader_ && result.window) reader_->page_read(std::move(*result.window));
-    confirmed_empty_ = std::exchange(confirming_, false) && result.events.empty() &&
-                       (!reader_ || (page_empty && !page_full && reader_->idle()));
+    // A confirming claim that came back full but empty (it examined its bound
+    // of rows of blocked keys) goes on through the claims behind it.
+    confirmed_empty_ = false;
+    if (confirming_ && (!result.events.empty() || !result.full)) {
+        confirmed_empty_ = result.events.empty() && (!reader_ || (page_empty && !page_full && reader_->idle()));
+        confirming_ = false;
+    }
     deliveries_due_ = result.deliveries_due;
     drain_watermark_ = std::move(result.drain_watermark);
     low_mark_ = std::move(result.low_mark);

@@ -68,7 +68,9 @@
 // Once (`run --once`): the relay stops by itself as on a signal once it is
 // drained: nothing claimed, being sent or waiting to be written, and a claim
 // that began after the last outcome was recorded, from the start of the
-// index and with deliveries, found nothing due. Work due later (a retry's
+// index and with deliveries, found nothing due (with the claims behind it,
+// while they come back full: rows of blocked keys fill a claim's bound
+// without being claimable). Work due later (a retry's
 // backoff, a delayed event, a destination whose circuit is open) is left for
 // the next run; a retry that falls due while the run is still busy is sent.
 //

@@ -282,7 +282,11 @@ wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) 
         case state::busy:
             if (got > 0) {
                 last_found_ = now;
-                a.claim = !full;  // a full claim is followed at once anyway
+                // A full claim is followed at once by the engine. Otherwise
+                // busy_gap later: much of a claim's cost is fixed (its scan
+                // of the index's newest entries, not yet removable), so
+                // fewer claims of more events each.
+                if (!full) busy_poll_at_ = now + s_.busy_gap;
                 return a;
             }
             if (now - last_found_ >= s_.idle_after) return settle(now);

@@ -9,8 +9,9 @@
 //           producer's commit notifies.
 //   auto    LISTEN; idle while little comes in (producers notify), busy
 //           while events come in faster than busy_rate (producers do not
-//           notify; the relay claims back to back, and every busy_poll after
-//           a claim that found nothing).
+//           notify; the relay claims busy_gap after a claim that found
+//           events, at once after a full one, and every busy_poll after a
+//           claim that found nothing).
 //   poll    no LISTEN, no declaration; a claim every poll_interval.
 //   wal     no LISTEN, no declaration, no trigger: a logical replication
 //           stream (src/pg/wal_listener) reports each commit that inserted
@@ -80,6 +81,7 @@ public:
         ms self_test_timeout{2'000};
         std::size_t busy_rate = 300;  // events per second
         ms busy_poll{2};
+        ms busy_gap{5};
         ms idle_after{100};
         ms watch_interval{10};
         ms watch_slow_after{1'000};
@@ -128,6 +130,14 @@ public:
     [[nodiscard]] const std::string& unseen() const noexcept { return checking_; }
     // Observers (tests, logs).
     [[nodiscard]] bool busy() const noexcept { return state_ == state::busy; }
+    // Whether a claim that leases anything is followed by another within
+    // busy_gap (auto, busy; a full claim is followed at once in every mode).
+    // The claim's answer to "when is the next one due" can then wait for a
+    // claim that leases nothing: this one is never the last before the
+    // relay waits.
+    [[nodiscard]] bool claims_back_to_back() const noexcept {
+        return s_.mode == wake_mode::automatic && !polling_ && state_ == state::busy;
+    }
     [[nodiscard]] bool polling() const noexcept { return polling_; }
     [[nodiscard]] bool declared_idle_now() const noexcept { return declared_idle_; }
 

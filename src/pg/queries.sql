@@ -49,8 +49,8 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- params: owner, lease_ms
 -- variant claim: :after_watermark = true
 -- variant claim: :outside_drain = true
--- variant claim_from (low_mark): :after_watermark = e.available_at >= $3::timestamptz
--- variant claim_from: :outside_drain = true
+-- variant claim_from (low_mark, followed): :after_watermark = e.available_at >= $3::timestamptz
+-- variant claim_from: :outside_drain = NOT ($4::boolean AND EXISTS (SELECT 1 FROM claimed))
 -- variant claim_after (watermark_at, watermark_id): :after_watermark = (e.available_at, e.id) > ($3::timestamptz, $4::bigint)
 -- variant claim_after: :outside_drain = false
 -- Picks due events and stamps our lease in one short statement; no
@@ -98,19 +98,49 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- event finished. While a long transaction elsewhere holds back vacuum (and
 -- the marking of dead index entries), this keeps each claim from wading
 -- through the entries of every event delivered since that transaction began.
+-- The per-key rule is tested on at most 4 * :claim_size + 256 due rows (the
+-- `examined` bound): over few keys almost every due row waits behind an
+-- earlier event of its key, and a scan that tested rows until LIMIT of them
+-- passed read the whole backlog at every claim. A claim that reaches the
+-- bound reports itself full, with its watermark at the last row examined,
+-- so that the relay goes on behind it as through any backlog. Each test of
+-- the rule reads a few index entries, however many events the key has: the
+-- nearest earlier event of the key not fanned out, walking the key index
+-- back from the row (a range and an order only that index serves, so no
+-- plan walks the table instead); a lease, as the key's live hold (a leased
+-- keyed event holds its key until its lease ends: the claim takes the hold
+-- with the lease, and every statement that ends a lease drops its hold).
+-- The row's own hold does not block it: a claim that took the hold but
+-- could not lease the row leaves it due.
+-- FOR UPDATE OF locked: rows are locked as they pass the rule, not as they
+-- are examined; locked by ctid, a row that changed since the snapshot is
+-- not locked (its new version is elsewhere).
+-- followed: the relay claims again at once after this claim if it leases
+-- anything (a busy `auto` relay, core/wake_policy.hpp); then the claim
+-- leaves "when is the next one" (below) to the claim that leases nothing.
 WITH due AS (
-    SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
-    FROM :"schema".events e
-    WHERE e.available_at <= now()
-      AND :after_watermark
-      AND (e.ordering_key IS NULL OR NOT EXISTS (
-              SELECT 1 FROM :"schema".events other
-              WHERE other.ordering_key = e.ordering_key
-                AND NOT other.fanned_out
-                AND (other.id < e.id OR (other.lease_owner IS NOT NULL AND other.available_at > now()))))
-    ORDER BY e.available_at, e.id
+    SELECT locked.id, locked.ctid AS tid, locked.available_at, locked.ordering_key
+    FROM (SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
+          FROM :"schema".events e
+          WHERE e.available_at <= now()
+            AND :after_watermark
+          ORDER BY e.available_at, e.id
+          LIMIT 4 * :claim_size + 256) AS examined
+    JOIN :"schema".events locked ON locked.ctid = examined.tid
+    WHERE examined.ordering_key IS NULL
+       OR ((SELECT earlier.id FROM :"schema".events earlier
+            WHERE earlier.ordering_key >= examined.ordering_key
+              AND (earlier.ordering_key, earlier.id) < (examined.ordering_key, examined.id)
+              AND NOT earlier.fanned_out
+            ORDER BY earlier.ordering_key DESC, earlier.id DESC
+            LIMIT 1) IS NULL
+           AND NOT EXISTS (
+               SELECT 1 FROM :"schema".key_holds h
+               WHERE h.ordering_key = examined.ordering_key AND h.destination = ''
+                 AND h.until > now() AND h.event_id <> examined.id))
+    ORDER BY examined.available_at, examined.id
     LIMIT :claim_size
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF locked SKIP LOCKED
 ),
 -- Keys in order, so that two claims wanting the same keys wait for each other
 -- in one order and cannot deadlock (a claim never waits for an event row: SKIP
@@ -166,10 +196,12 @@ UNION ALL
 -- as the claim, so nothing can fall due in a gap between "claim what is due"
 -- and "when is the next one".
 -- Not while draining behind a watermark (:outside_drain is false in
--- claim_after, and the planner drops the subqueries): the next claim follows
--- at once anyway, and the search would wade through the index entries of
--- every lease taken and finished during the drain (dead until vacuum),
--- a little further at each claim. The claim that ends the drain answers it.
+-- claim_after, and the planner drops the subqueries), nor in a followed
+-- claim_from that leased events (its subqueries never run): the next claim
+-- follows at once anyway, and the search wades through the index entries of
+-- every lease taken in the last lease period whose event is gone (each lease
+-- moved its row's available_at there; the entries stay until vacuum). The
+-- claim that ends the drain, or leases nothing, answers it.
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- ORDER BY ... LIMIT 1, not min(): the planner does not turn this
        -- min() into a LIMIT 1 scan, and it then read every leased row (each
@@ -189,11 +221,20 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        (now() - interval '5 seconds')::text,
        -- rows the claim picked, leased or not (a key held by another claim):
        -- "came back full" is judged on these, or a hold conflict would end
-       -- a drain and move the low mark past rows still waiting
-       (SELECT count(*) FROM due),
+       -- a drain and move the low mark past rows still waiting; a claim
+       -- that examined its bound counts as full
+       CASE WHEN bound.id IS NULL THEN (SELECT count(*) FROM due) ELSE :claim_size END,
        NULL, NULL
 FROM (SELECT 1) AS one
-LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS last ON true;
+LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS picked ON true
+-- the last row `due` examined, if it examined its bound and did not fill up
+-- (the count is a one-time filter: a claim that filled up skips the scan)
+LEFT JOIN (SELECT e.available_at, e.id FROM :"schema".events e
+           WHERE e.available_at <= now() AND :after_watermark AND (SELECT count(*) FROM due) < :claim_size
+           ORDER BY e.available_at, e.id
+           OFFSET 4 * :claim_size + 255 LIMIT 1) AS bound ON true
+CROSS JOIN LATERAL (SELECT coalesce(bound.available_at, picked.available_at) AS available_at,
+                           coalesce(bound.id, picked.id) AS id) AS last;
 
 -- name: claim_deliveries
 -- params: owner, lease_ms, destinations, windows

@@ -107,11 +107,19 @@ void store::set_up(pqxx::connection& c) {
 // off: the outcome session's other statements (fan-outs, deliveries, key
 // holds) then took plans that made a keyed run with retries 8x slower
 // (tests/e2e/test_guarantees.py, three relays and a flaky receiver: 146 s
-// against 19 s); `complete` gets its TID scan without it wherever the table
-// is large enough for the choice to matter. jit = off: the relay's
-// statements are short, and JIT compiling one whose estimate grows with its
-// page (read_window of a large window) costs several times its execution.
+// against 19 s, and again 161 s and a failure with the statements as they
+// are now); `complete` sets it around itself (complete_settings()). jit =
+// off: the relay's statements are short, and JIT compiling one whose
+// estimate grows with its page (read_window of a large window) costs several
+// times its execution.
 std::vector<std::string> store::relay_session_settings() { return {"SET synchronous_commit = off", "SET jit = off"}; }
+
+// complete's plan is made once and kept until the table's statistics
+// change. Made while the outbox was small, it was a sequential scan, which
+// read the whole table at every batch as the outbox grew until the next
+// autovacuum (a TID scan is priced at 10 random pages for an array of
+// unknown length). Two round trips a batch, against a table's worth of pages.
+std::vector<std::string> store::complete_settings() { return {"SET enable_seqscan = off"}; }
 
 // Claims are planned once and the plan serves whatever comes later, so it
 // must not depend on the table being small when it was made. Each claim has
@@ -146,11 +154,31 @@ std::vector<std::int64_t> store::complete(std::span<const lease_ref> delivered) 
     if (delivered.empty()) return {};
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        const auto r = run(tx, q::complete::args{
-                                   .ids = number_array(delivered, [](const lease_ref& d) { return d.id; }),
-                                   .attempts = number_array(delivered, [](const lease_ref& d) { return d.attempt; }),
-                                   .owner = owner_,
-                                   .tids = text_array(delivered, [&](const lease_ref& d) { return tid_of(tx, queries_, d); })});
+        const q::complete::args args{
+            .ids = number_array(delivered, [](const lease_ref& d) { return d.id; }),
+            .attempts = number_array(delivered, [](const lease_ref& d) { return d.attempt; }),
+            .owner = owner_,
+            .tids = text_array(delivered, [&](const lease_ref& d) { return tid_of(tx, queries_, d); })};
+        // plan_once sessions have these for good; a transaction pooler
+        // might hand them to another client (and plans custom anyway).
+        const bool scoped = !plan_once_ && !transaction_pooling_;
+        if (scoped) {
+            for (const auto& setting : complete_settings()) tx.exec(setting);
+        }
+        const auto reset = [&] {
+            if (scoped) tx.exec("RESET enable_seqscan");
+        };
+        const auto r = [&] {
+            try {
+                return run(tx, args);
+            } catch (const pqxx::broken_connection&) {
+                throw;  // the next connection starts without them
+            } catch (...) {
+                reset();
+                throw;
+            }
+        }();
+        reset();
         std::vector<std::int64_t> ids;
         ids.reserve(r.size());
         for (const auto& row : r) ids.push_back(row[q::complete::col::id].as<std::int64_t>());

@@ -97,9 +97,12 @@ public:
     // it must follow before events that committed late are seen). Else
     // `low_mark`: only events due at or after it (a claim from the
     // beginning must follow before late commits and unblocked keys are seen).
+    // `followed` (with a low mark): another claim follows at once if this one
+    // leases anything; then it does not say when the next one falls due.
     [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease,
                                      const std::optional<claim_watermark>& after = std::nullopt,
-                                     const std::optional<std::string>& low_mark = std::nullopt);
+                                     const std::optional<std::string>& low_mark = std::nullopt,
+                                     bool followed = false);
     // Up to claim_size(limit) due deliveries (event.destination set) to the
     // given destinations only, leased to us.
     [[nodiscard]] std::vector<event> claim_deliveries(std::size_t limit, std::chrono::milliseconds lease,
@@ -352,6 +355,9 @@ public:
     // What every relay session (relay_session) runs: public for the tests
     // that check the outcome statements' plans.
     [[nodiscard]] static std::vector<std::string> relay_session_settings();
+    // What a session without plan_once sets around `complete` (and resets
+    // after it): public for its plan's test.
+    [[nodiscard]] static std::vector<std::string> complete_settings();
 
 private:
     void set_up(pqxx::connection& c);

@@ -90,7 +90,8 @@ std::string store::claim_deliveries_sql(std::size_t size) const {
 }
 
 claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
-                          const std::optional<claim_watermark>& after, const std::optional<std::string>& low_mark) {
+                          const std::optional<claim_watermark>& after, const std::optional<std::string>& low_mark,
+                          bool followed) {
     return session_.run([&](pqxx::connection& c) {
         hold_session_lock(c);
         pqxx::nontransaction tx(c);
@@ -108,7 +109,7 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
             }
             if (low_mark) {
                 return read_claim(exec_params(
-                    tx, sql, q::claim_from::args{.owner = owner_, .lease_ms = lease_ms, .low_mark = *low_mark}));
+                    tx, sql, q::claim_from::args{.owner = owner_, .lease_ms = lease_ms, .low_mark = *low_mark, .followed = followed}));
             }
             return read_claim(exec_params(tx, sql, q::claim::args{.owner = owner_, .lease_ms = lease_ms}));
         }
@@ -122,7 +123,7 @@ claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
         if (low_mark) {
             return read_claim(exec_prepared(
                 tx, prepared_name(q::claim_from::name, size),
-                q::claim_from::args{.owner = owner_, .lease_ms = lease_ms, .low_mark = *low_mark}));
+                q::claim_from::args{.owner = owner_, .lease_ms = lease_ms, .low_mark = *low_mark, .followed = followed}));
         }
         return read_claim(exec_prepared(tx, prepared_name(q::claim::name, size),
                                         q::claim::args{.owner = owner_, .lease_ms = lease_ms}));

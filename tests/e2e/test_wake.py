@@ -203,6 +203,36 @@ def test_auto_mode_catches_a_commit_that_read_busy_and_committed_after_the_relay
     pytest.fail("could not get the relay declared busy at the producer's insert")
 
 
+def test_auto_mode_an_event_written_while_busy_and_due_after_the_relay_went_idle_fires_on_time(db, receiver, relay):
+    """A busy relay's claims that lease events do not say when the next event
+    falls due (another claim follows at once); those that find nothing before
+    it declares itself idle do, and so does the claim from the start that
+    follows the declaration. The delayed event's insert does not notify (the
+    relay is busy then) and the sweep is an hour away: only the next-due timer
+    delivers it on time (fails with neither answering: not delivered in 10 s)."""
+    r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
+    assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
+    for attempt in range(5):
+        burst = db.connect()
+        for i in range(400):
+            db.enqueue("t", {"burst": i}, conn=burst, commit=False)
+        burst.commit()
+        if not wait_until(lambda: _relay_state(db) is False, 5):
+            continue
+        delayed = db.enqueue("t", {"delayed": True},
+                             available_at=db.scalar("SELECT (now() + interval '1500 milliseconds')::text"))
+        if _relay_state(db) is not False:
+            continue  # idle again already: the insert notified; try once more
+        due = db.scalar("SELECT extract(epoch FROM available_at)::float8 FROM {s}.events WHERE id = %s",
+                        (delayed,))
+        assert wait_until(lambda: _relay_state(db) is True, 15), r.log()
+        assert wait_delivered(receiver, [delayed], timeout=10), r.log()
+        sent = next(rq.t_wall for rq in receiver.snapshot() if rq.event_id == delayed)
+        assert sent - due < 0.5, f"delivered {sent - due:.2f}s after it fell due"
+        return
+    pytest.fail("could not write the delayed event while the relay was declared busy")
+
+
 def test_the_trigger_notifies_only_while_a_relay_is_declared_idle_and_its_declaration_is_valid(db, database_url):
     listener = psycopg2.connect(database_url)
     listener.autocommit = True

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
+#include "core/claim_sequence.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
 
@@ -507,6 +508,34 @@ TEST_CASE("a claim behind a watermark skips what lies before it; a claim without
     CHECK(ids_of(s.claim(4, 30s).events) == std::vector<std::int64_t>{ids[5]});
 }
 
+TEST_CASE("a followed claim from the low mark says when the next one is due only when it leases nothing") {
+    installed db;
+    auto s = db.store("a");
+    const auto first = s.claim(10, 30s);
+    // A retry due in 30 s, and an event due now.
+    const auto retry = db.enqueue(ev("t"));
+    db.query("UPDATE {s}.events SET available_at = now() + interval '30 seconds' WHERE id = " +
+             std::to_string(retry) + " RETURNING 1");
+    (void)db.enqueue(ev("t"));
+    // Not followed (idle, poll, wal): the claim that leases says it.
+    auto r = s.claim(10, 30s, std::nullopt, first.low_mark, false);
+    CHECK(r.events.size() == 1);
+    REQUIRE(r.next_due);
+    CHECK(*r.next_due > 25s);
+    CHECK(*r.next_due <= 30s);
+    // Followed (a busy `auto` relay): the claim that leases does not; the
+    // one that leases nothing, which comes next, does.
+    (void)db.enqueue(ev("t"));
+    r = s.claim(10, 30s, std::nullopt, r.low_mark, true);
+    CHECK(r.events.size() == 1);
+    CHECK_FALSE(r.next_due);
+    r = s.claim(10, 30s, std::nullopt, r.low_mark, true);
+    CHECK(r.events.empty());
+    REQUIRE(r.next_due);
+    CHECK(*r.next_due > 25s);
+    CHECK(*r.next_due <= 30s);
+}
+
 TEST_CASE("a claim from the low mark skips what is due before it; the low mark is 5 s before the claim") {
     installed db;
     auto s = db.store("a");
@@ -583,14 +612,14 @@ TEST_CASE("the claims' generic plans, made while the outbox was small, never rea
         auto prepare = [&](const std::string& name, std::string sql) {
             tx.exec("PREPARE " + name + " AS " + without_semicolon(std::move(sql)));
             tx.exec("EXPLAIN EXECUTE " + name +
-                    (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
+                    (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity', false)" : "('a', 1, '-infinity', 0)"));
         };
         prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
         prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
         prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
 
         fill(20000);
-        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity')",
+        for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity', false)",
                                           "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
             CAPTURE(execute);
             const auto text = tx.exec1("EXPLAIN (ANALYZE, FORMAT JSON) " + execute)[0].as<std::string>();
@@ -678,14 +707,14 @@ TEST_CASE("the claims' generic plans, made while the statistics say the outbox i
     auto prepare = [&](const std::string& name, std::string sql) {
         tx.exec("PREPARE " + name + " AS " + without_semicolon(std::move(sql)));
         tx.exec("EXPLAIN EXECUTE " + name +
-                (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity')" : "('a', 1, '-infinity', 0)"));
+                (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity', false)" : "('a', 1, '-infinity', 0)"));
     };
     prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
     prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
     prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
 
     fill(20000);
-    for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity')",
+    for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity', false)",
                                       "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
         CAPTURE(execute);
         const auto text = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute)[0].as<std::string>();
@@ -695,6 +724,55 @@ TEST_CASE("the claims' generic plans, made while the statistics say the outbox i
         // The 128 rows, their index entries old and new, the scan to them:
         // ~1,000 buffers. Each scan of the whole claim index is ~80 more.
         CHECK(buffers_of(plan) <= 2000);
+    }
+}
+
+TEST_CASE("a claim over a backlog of few keys reads a bounded part of it, not every due row") {
+    // Only the first waiting event of a key is due, so over 10 keys a
+    // 20,000-event backlog has 10 due events. The claim walked the claim
+    // index up to its LIMIT, testing the key rule on every row it met: it
+    // never reached the LIMIT and read the whole backlog at every claim
+    // (~22,000 buffers, ~60 ms), with the keys' heads already out as with
+    // them still waiting. Each claim here is planned as the relay plans it.
+    installed db;
+    auto s = db.store("a");
+    auto conn = testing::connect();
+    pqxx::nontransaction tx(*conn);
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
+    tx.exec(fmt::format("INSERT INTO {}.events (topic, ordering_key, payload) "
+                        "SELECT 't', 'key-' || (g % 10), '{{}}' FROM generate_series(1, 20000) g",
+                        db.schema.q()));
+    tx.exec(fmt::format("ANALYZE {}.events", db.schema.q()));
+    tx.exec("PREPARE claim AS " + without_semicolon(s.claim_sql(128, pg::claim_from::beginning)));
+    tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(128, pg::claim_from::low_mark)));
+    tx.exec("PREPARE claim_after AS " + without_semicolon(s.claim_sql(128, pg::claim_from::drain_watermark)));
+    const auto explain = [&](const std::string& execute, int leases) {
+        CAPTURE(execute);
+        tx.exec("BEGIN");
+        const auto text = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute)[0].as<std::string>();
+        const auto leased =
+            tx.exec1(fmt::format("SELECT count(*) FROM {}.events WHERE lease_owner = 'a'", db.schema.q()))[0].as<int>();
+        tx.exec("ROLLBACK");
+        const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+        const auto nodes = plan_nodes(plan);
+        CAPTURE(nodes);
+        CHECK(leased == leases);
+        // At most a few hundred rows of the backlog and their probes of the
+        // key index: a few thousand buffers. The whole backlog is ~22,000.
+        CHECK(buffers_of(plan) <= 5000);
+        CHECK(rows_removed(plan) <= 1500);
+    };
+    SUBCASE("the keys' first events waiting") {
+        explain("EXECUTE claim('a', 30000)", 10);
+        explain("EXECUTE claim_from('a', 30000, '-infinity', false)", 10);
+        explain("EXECUTE claim_after('a', 30000, '-infinity', 0)", 10);
+    }
+    SUBCASE("the keys' first events out") {
+        REQUIRE(s.claim(128, 30s).events.size() == 10);
+        explain("EXECUTE claim('a', 30000)", 10);
+        explain("EXECUTE claim_from('a', 30000, '-infinity', false)", 10);
+        explain("EXECUTE claim_after('a', 30000, '-infinity', 0)", 10);
     }
 }
 
@@ -766,6 +844,100 @@ TEST_CASE("complete, planned while the statistics say the outbox is empty but it
     // whole index per row, and a batch of thousands ran into the statement
     // timeout, so that nothing was recorded and every event went out again.
     in_each_drained_state(run_complete_case);
+}
+
+TEST_CASE("complete, planned while the outbox was small, reads only what it deletes once the outbox has grown") {
+    // The outcome session plans `complete` once (its generic plan costs no
+    // more than its custom ones) and keeps that plan until the table's
+    // statistics change. Made while the outbox was small, the plan was a
+    // sequential scan, which then read the whole table at every batch as
+    // the outbox grew between two autovacuums: under load, a busy `auto`
+    // relay's batches of ~13 events read ~250 buffers each instead of ~40.
+    installed db;
+    auto conn = testing::connect();
+    pqxx::nontransaction tx(*conn);
+    // No autovacuum or autoanalyze meanwhile: new statistics replace the plan.
+    tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
+    // The outcome session's settings, and those it runs `complete` with.
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    for (const auto& setting : pg::store::complete_settings()) tx.exec(setting);
+    tx.exec("SET plan_cache_mode = force_generic_plan");
+    tx.exec("PREPARE complete AS " + without_semicolon(pg::q::complete::text(db.schema.name())));
+    tx.exec("EXPLAIN EXECUTE complete('{}', '{}', 'a', '{}')");  // the generic plan, made on the empty table
+    tx.exec(fmt::format("INSERT INTO {}.events (topic, payload) SELECT 't', '{{}}' FROM generate_series(1, 100000)",
+                        db.schema.q()));
+    const auto leased = tx.exec(fmt::format(
+        "UPDATE {0}.events SET attempts = 1, lease_owner = 'a', available_at = now() + interval '1 minute' "
+        "WHERE id IN (SELECT id FROM {0}.events ORDER BY id DESC LIMIT 16) RETURNING id, ctid",
+        db.schema.q()));
+    std::vector<std::string> ids, attempts, tids;
+    for (const auto& row : leased) {
+        ids.push_back(row[0].c_str());
+        attempts.emplace_back("1");
+        tids.push_back(fmt::format("\"{}\"", row[1].c_str()));
+    }
+    tx.exec("BEGIN");
+    const auto text = tx.exec1(fmt::format("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE complete('{{{}}}', "
+                                           "'{{{}}}', 'a', '{{{}}}')",
+                                           fmt::join(ids, ","), fmt::join(attempts, ","), fmt::join(tids, ",")))[0]
+                          .as<std::string>();
+    const auto deleted = tx.exec1(fmt::format("SELECT 100000 - count(*) FROM {}.events", db.schema.q()))[0].as<int>();
+    tx.exec("ROLLBACK");
+    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+    const auto nodes = plan_nodes(plan);
+    CAPTURE(nodes);
+    CHECK(deleted == 16);
+    // The 16 rows and the page each is on: a few dozen buffers. The whole
+    // table is ~900.
+    CHECK(buffers_of(plan) <= 200);
+    CHECK(rows_removed(plan) <= 100);
+}
+
+TEST_CASE("a busy relay's claim that leases events does not read the index entries of the last minute's leases") {
+    // Each lease moves its row's available_at a lease period ahead, into a
+    // new index entry, and the event is deleted when delivered: the entries
+    // of every lease of the last minute lie between now and the leases in
+    // flight, dead until vacuum. The search for the next due walked all of
+    // them at every claim (a busy relay claims ~10 events at a time, back to
+    // back): ~70 buffers a claim after 10 s at 4,000 events/s. Here: 50,000
+    // such entries (~170 index pages), then a claim of 10 due events.
+    installed db;
+    const auto s = db.store("a");
+    auto conn = testing::connect();
+    pqxx::nontransaction tx(*conn);
+    tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
+    tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(16, pg::claim_from::low_mark)));
+    // Written an hour ago (their first entries lie behind the low mark),
+    // leased over the last minute, delivered.
+    tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, available_at) "
+                        "SELECT 't', '{{}}', now() - interval '1 hour' FROM generate_series(1, 50000)",
+                        db.schema.q()));
+    tx.exec(fmt::format("UPDATE {}.events SET attempts = 1, lease_owner = 'b', "
+                        "available_at = now() + (id % 60000) * interval '1 millisecond'",
+                        db.schema.q()));
+    tx.exec(fmt::format("DELETE FROM {}.events", db.schema.q()));
+    // The first scan to meet them marks them dead in the index; later ones
+    // still read their pages.
+    tx.exec(fmt::format("SELECT available_at FROM {}.events WHERE available_at > now() ORDER BY available_at LIMIT 1",
+                        db.schema.q()));
+    tx.exec(fmt::format("INSERT INTO {}.events (topic, payload) SELECT 't', '{{}}' FROM generate_series(1, 10)",
+                        db.schema.q()));
+    std::string args = "'a', 60000, now() - interval '5 seconds'";
+    if (pg::q::claim_from::params.size() == 4) args += ", true";  // followed: a busy `auto` relay's claim
+    tx.exec("BEGIN");
+    const auto text =
+        tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_from(" + args + ")")[0].as<std::string>();
+    const auto leased =
+        tx.exec1(fmt::format("SELECT count(*) FROM {}.events WHERE lease_owner = 'a'", db.schema.q()))[0].as<int>();
+    tx.exec("ROLLBACK");
+    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+    const auto nodes = plan_nodes(plan);
+    CAPTURE(nodes);
+    CHECK(leased == 10);
+    // 10 rows leased, their old and new index entries: ~100 buffers.
+    CHECK(buffers_of(plan) <= 150);
 }
 
 namespace {
@@ -959,4 +1131,69 @@ TEST_CASE("transactions_in_progress: a transaction that began after the last one
     CHECK(ids.contains(xid));
     CHECK(s.still_in_progress(listed).find(xid) != std::string::npos);
     tx.abort();
+}
+
+namespace {
+
+// The store's claims as the relay runs them (claim sequence over the store).
+class store_port final : public claim_port {
+public:
+    explicit store_port(pg::store& s) : s_(s) {}
+    claim_result claim_events(std::size_t size, std::chrono::milliseconds lease,
+                              const std::optional<claim_watermark>& after,
+                              const std::optional<std::string>& low_mark) override {
+        ++claims;
+        return s_.claim(size, lease, after, low_mark);
+    }
+    std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds lease,
+                                        std::span<const std::string> destinations) override {
+        return s_.claim_deliveries(size, lease, destinations);
+    }
+    std::size_t release_untracked(const held_leases& keep) override { return s_.release_untracked(keep); }
+    int claims = 0;
+
+private:
+    pg::store& s_;
+};
+
+}  // namespace
+
+TEST_CASE("an event without a key behind a backlog of blocked keys is claimed by the claims that go on behind "
+          "the first, and they stop at its end") {
+    // 3,000 events over 2 keys, then one without a key, a minute old. A
+    // claim of 16 examines 320 rows: the keys' first events and 318 rows
+    // that wait behind them. It comes back full, so the relay goes on behind
+    // it, and finds the event without a key near the end; the drain ends
+    // there, and the look for late commits starts where it began, behind
+    // the backlog.
+    installed db;
+    auto s = db.store("a");
+    CHECK(db.query("WITH backlog AS (INSERT INTO {s}.events (topic, ordering_key, payload, available_at) "
+                   "SELECT 't', 'key-' || (g % 2), '{}', now() - interval '1 minute' "
+                   "FROM generate_series(1, 3000) g RETURNING 1) SELECT count(*) FROM backlog") == "3000");
+    const auto loner = db.query("INSERT INTO {s}.events (topic, payload, available_at) "
+                                "VALUES ('t', '{}', now() - interval '1 minute') RETURNING id");
+    store_port port(s);
+    claim_request r;
+    r.wanted = 16;
+    r.lease = 30s;
+    std::vector<std::int64_t> got;
+    bool ended = false;
+    for (int run = 0; run < 30 && !ended; ++run) {
+        const auto out = run_claim(port, r);
+        for (const auto& e : out.events) got.push_back(e.id);
+        r.drain_watermark = out.drain_watermark;
+        r.low_mark = out.low_mark;
+        ended = !out.full;
+    }
+    CHECK(ended);
+    std::sort(got.begin(), got.end());
+    CHECK(got == std::vector<std::int64_t>{1, 2, std::stoll(loner)});
+    // 3,001 rows, 320 a claim: 10 claims, and the one after the drain.
+    CHECK(port.claims <= 12);
+    // Nothing else is due: the next claim starts behind the backlog.
+    const auto again = run_claim(port, r);
+    CHECK(again.events.empty());
+    CHECK_FALSE(again.full);
+    CHECK(port.claims <= 13);
 }

@@ -134,6 +134,64 @@ TEST_CASE("claim sequence: the end of a drain looks once more from the low mark 
     CHECK_FALSE(out.full);
 }
 
+namespace {
+
+// A claim that examined its bound of rows and leased none of them: every
+// due row it met waits behind an earlier event of its key.
+claim_result examined_bound(std::int64_t last, std::size_t size, std::string low_mark) {
+    claim_result r;
+    r.picked = size;
+    r.last = claim_watermark{"t", last};
+    r.low_mark = std::move(low_mark);
+    return r;
+}
+
+// Runs a drain of three claims over rows that wait behind earlier events of
+// their keys (two claims examine their bound and take nothing, the third
+// reaches the end), the first from `low_mark`, the low mark changed to
+// `low_mark_later` during the drain; returns the low mark that the look for
+// late commits at its end started from.
+std::optional<std::string> drain_end_looks_from(std::optional<std::string> low_mark,
+                                                std::optional<std::string> low_mark_later) {
+    scripted_port db;
+    db.event_answers = {examined_bound(16, 4, "L1"), examined_bound(32, 4, "L2"), picked(40, 0, "L3"),
+                        picked(1, 0, "L4")};
+    auto r = request(4);
+    r.low_mark = std::move(low_mark);
+    auto out = run_claim(db, r);
+    CHECK(out.full);
+    r.drain_watermark = out.drain_watermark;
+    out = run_claim(db, r);
+    CHECK(out.full);
+    r.drain_watermark = out.drain_watermark;
+    r.low_mark = std::move(low_mark_later);
+    out = run_claim(db, r);
+    CHECK_FALSE(out.full);
+    CHECK_FALSE(out.drain_watermark);
+    CHECK(out.low_mark == "L4");
+    REQUIRE(db.calls.size() == 4);
+    CHECK(db.calls[2].after->id == 32);
+    CHECK_FALSE(db.calls[3].after);
+    return db.calls[3].low_mark;
+}
+
+}  // namespace
+
+TEST_CASE("claim sequence: after a drain through rows of blocked keys, the look for late commits starts where "
+          "the drain began, not at those rows") {
+    // Rows that wait behind earlier events of their keys are examined and
+    // skipped, like rows another claim holds. The low mark of the claim
+    // that began the drain (its start less 5 seconds) is behind everything
+    // the drain examined; from the older low mark, the look would meet the
+    // same rows, examine its bound of them, and start the same drain again,
+    // claim after claim, while nothing changes.
+    CHECK(drain_end_looks_from("L0", "L0") == "L1");
+    CHECK(drain_end_looks_from(std::nullopt, std::nullopt) == "L1");
+    // Unless the low mark was moved back during the drain (a sweep, a
+    // wake-up from the start): then from there.
+    CHECK(drain_end_looks_from("L0", std::nullopt) == std::nullopt);
+}
+
 TEST_CASE("claim sequence: deliveries first when the last claim saw them due, after events when this one does") {
     scripted_port db;
     db.delivery_answers = {events(100, 1)};

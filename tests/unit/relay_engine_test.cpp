@@ -936,6 +936,46 @@ TEST_CASE("relay engine: once: drained only when a claim begun after the last wr
     CHECK(h.has<finish_command>());
 }
 
+TEST_CASE("relay engine: once: a confirming claim that came back full but empty goes on; drained when the claims "
+          "after it, to one less than full, found nothing") {
+    // A claim that examined its bound of rows, all of keys blocked (their
+    // first events are retrying), takes nothing and comes back full: what
+    // lies behind those rows is not known yet. Stopping there would leave
+    // events due; claiming from the start again would meet the same rows,
+    // for ever.
+    harness h(one_destination(4));
+    h.engine.start("msg_", run_mode::once);
+    h.step();
+    auto confirm = h.one<claim_command>();
+    h.claim_returns({}, true);
+    CHECK_FALSE(h.has<finish_command>());
+    // Behind them, one more full and empty, then the end: drained.
+    auto next = h.one<claim_command>();
+    h.claim_returns({}, true);
+    CHECK_FALSE(h.has<finish_command>());
+    next = h.one<claim_command>();
+    h.claim_returns({});
+    CHECK(h.has<finish_command>());
+}
+
+TEST_CASE("relay engine: once: what the claims after a full and empty confirming claim find is delivered first") {
+    harness h(one_destination(4));
+    h.engine.start("msg_", run_mode::once);
+    h.step();
+    (void)h.one<claim_command>();
+    h.claim_returns({}, true);
+    (void)h.one<claim_command>();
+    h.claim_returns({make_event(7)});
+    CHECK_FALSE(h.has<finish_command>());
+    h.answer(h.one<send_command>(), ok());
+    write_all(h);
+    // A new confirmation from the start, which finds nothing.
+    const auto confirm = h.one<claim_command>();
+    CHECK_FALSE(confirm.request.drain_watermark);
+    h.claim_returns({});
+    CHECK(h.has<finish_command>());
+}
+
 TEST_CASE("relay engine: once: a retry that falls due while the run is busy is sent; one due later is left") {
     harness h(one_destination(4));
     h.engine.start("msg_", run_mode::once);

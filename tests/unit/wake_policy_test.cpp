@@ -54,26 +54,37 @@ TEST_CASE("wake policy: LISTEN declares the relay idle, then reads what is in pr
     CHECK(w.in_progress().empty());
 }
 
-TEST_CASE("wake policy: a busy relay declares itself busy and claims back to back") {
+TEST_CASE("wake policy: a busy relay declares itself busy and claims back to back, busy_gap apart") {
     auto w = idle_relay();
+    CHECK_FALSE(w.claims_back_to_back());
     CHECK_FALSE(w.claimed(10, false, t0 + 1ms).declare);  // 10 in 100 ms: under 300/s
     const auto a = w.claimed(25, false, t0 + 2ms);      // 35: over
     REQUIRE(a.declare);
     CHECK_FALSE(*a.declare);
     CHECK(a.claim);
     CHECK(w.busy());
-    CHECK(w.claimed(3, false, t0 + 3ms).claim);         // found some: at once again
-    CHECK_FALSE(w.claimed(8, true, t0 + 4ms).claim);    // full: the engine goes on by itself
+    // Every claim that finds something is followed by another (the claims
+    // then leave "when is the next one due" to one that finds nothing).
+    CHECK(w.claims_back_to_back());
+    // Found some: again busy_gap later (claims of more events each, fewer
+    // of them); full: the engine goes on by itself, at once.
+    CHECK_FALSE(w.claimed(3, false, t0 + 3ms).claim);
+    REQUIRE(w.next_timer());
+    CHECK(*w.next_timer() == t0 + 3ms + 5ms);
+    CHECK(w.timer(t0 + 8ms).claim);
+    CHECK_FALSE(w.claimed(8, true, t0 + 9ms).claim);
     // Found nothing: again after busy_poll, until idle_after has passed.
-    const auto b = w.claimed(0, false, t0 + 5ms);
+    const auto b = w.claimed(0, false, t0 + 10ms);
     CHECK_FALSE(b.claim);
-    CHECK(*w.next_timer() == t0 + 7ms);
-    CHECK(w.timer(t0 + 7ms).claim);
-    const auto c = w.claimed(0, false, t0 + 105ms);
+    CHECK(*w.next_timer() == t0 + 12ms);
+    CHECK(w.timer(t0 + 12ms).claim);
+    CHECK_FALSE(w.claimed(0, false, t0 + 108ms).declare);  // 99 ms since the last that found some
+    const auto c = w.claimed(0, false, t0 + 109ms);
     REQUIRE(c.declare);
     CHECK(*c.declare);
     CHECK(c.read_in_progress);
     CHECK_FALSE(w.busy());
+    CHECK_FALSE(w.claims_back_to_back());
 }
 
 TEST_CASE("wake policy: a failed idle declaration keeps the relay busy and tries again") {
@@ -188,6 +199,7 @@ TEST_CASE("wake policy: wal mode claims each commit at once below busy_rate, and
     (void)w.claimed(1, false, t0 + 4ms);
     // 40 events in this window: 400 a second, above busy_rate.
     (void)w.claimed(38, false, t0 + 5ms);
+    CHECK_FALSE(w.claims_back_to_back());  // a claim follows the next commit, not this claim
     CHECK_FALSE(w.notified(t0 + 6ms).claim);
     CHECK(*w.next_timer() == t0 + 23ms);      // the gap after the claim at 3ms
     CHECK_FALSE(w.notified(t0 + 8ms).claim);  // shares the claim set for the end of the gap
