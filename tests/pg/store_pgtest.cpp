@@ -1150,6 +1150,9 @@ public:
         return s_.claim_deliveries(size, lease, destinations);
     }
     std::size_t release_untracked(const held_leases& keep) override { return s_.release_untracked(keep); }
+    window_read_result read_window(const window_read_request& request) override {
+        return s_.read_window_page(request);
+    }
     int claims = 0;
 
 private:
