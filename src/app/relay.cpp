@@ -751,10 +751,12 @@ private:
         });
     }
 
-    // On the claim connection: its session holds the relay's lock, which
-    // says to other relays that the cursors' owner is alive.
+    // On the outcome connection, behind the takeover of dead relays (their
+    // rows would count in the share while it holds their locks). Cursors
+    // belong to the lease owner, whose session lock the claim connection
+    // holds.
     void run(take_cursors_command& c) {
-        worker_.submit([this, epoch = epoch_, held = std::move(c.held)](pg::store& store) {
+        outcome_worker_.submit([this, epoch = epoch_, held = std::move(c.held)](pg::store& store) {
             try {
                 net::post(ioc_, [this, epoch, got = store.take_free_cursors(held)]() mutable {
                     feed_from(epoch, [&](relay_engine& e) { e.cursors_taken(std::move(got.taken), got.share); });

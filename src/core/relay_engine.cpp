@@ -121,16 +121,18 @@ void relay_engine::start(std::string message_prefix, run_mode mode) {
     // claim is as good as a confirming one.
     confirming_ = mode_ == run_mode::once;
     arm(relay_timer::sweep, clock_.steady() + cfg_.sweep_interval);
-    if (reader_) {
-        take_cursors();
-        arm(relay_timer::checkpoint, clock_.steady() + checkpoint_interval);
-    }
-    wake();
     if (cfg_.live_leases) {
         // At once: a restarted relay picks up its predecessor's work.
         emit(housekeeping_command{housekeeping_job::dead_relays});
         arm(relay_timer::takeover, clock_.steady() + takeover_interval);
     }
+    if (reader_) {
+        // After the takeover (same connection): a dead relay's row, gone
+        // by then, does not count in the share.
+        take_cursors();
+        arm(relay_timer::checkpoint, clock_.steady() + checkpoint_interval);
+    }
+    wake();
 }
 
 void relay_engine::relays_taken_over(std::size_t leases) {

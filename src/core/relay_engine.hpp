@@ -210,7 +210,8 @@ struct finish_command {
     std::optional<cursor_checkpoint> cursors;
 };
 // relay.consume = "windows": take free window cursors up to this relay's
-// share, less the slots it holds (`held`; on the claim connection); feed back
+// share, less the slots it holds (`held`; on the outcome connection, behind
+// the takeover of dead relays, whose rows would count); feed back
 // cursors_taken() or cursors_take_failed().
 struct take_cursors_command {
     std::vector<int> held;
@@ -272,7 +273,7 @@ public:
     // A takeover handed back `leases` of dead relays, due now.
     void relays_taken_over(std::size_t leases);
     // relay.consume = "windows" (docs/windows-in-the-relay.md).
-    // share: ceil(64 / registered relays), what this relay should hold.
+    // share: ceil(64 / relays alive), what this relay should hold.
     void cursors_taken(std::vector<taken_cursor> cursors, std::size_t share);
     void cursors_take_failed(const std::string& why);
     // `written` of the position's cursors were still ours and were written.

@@ -1506,7 +1506,7 @@ RETURNING destination, slot;
 -- name: take_free_cursors
 -- params: owner, held
 -- A relay's share of the 64 window cursors (destination ''), in one
--- statement: up to ceil(64 / registered relays) less the slots it holds
+-- statement: up to ceil(64 / relays alive) less the slots it holds
 -- (`held`, int[]), from the cursors that are free by take_cursor's rules
 -- (missing: created at the beginning; no owner; an owner that is not a
 -- registered relay or whose session lock is free), and ours that we do not
@@ -1514,7 +1514,12 @@ RETURNING destination, slot;
 -- taking it again would fence our own checkpoints out. Returns what it
 -- took, each row with the share it was computed with.
 WITH share AS (
-    SELECT ceil(64.0 / greatest(count(*), 1))::int AS n FROM :"schema".relays
+    -- Relays alive: ourselves and those whose session lock is held (a row
+    -- left by a relay that died waits for the takeover; counting it would
+    -- leave half the slots unread until then).
+    SELECT ceil(64.0 / greatest(count(*) FILTER (WHERE r.lease_owner = $1
+                                                OR NOT pg_try_advisory_xact_lock(r.lock_key)), 1))::int AS n
+    FROM :"schema".relays r
 ), free AS (
     SELECT g.slot
     FROM generate_series(0, 63) AS g(slot)
@@ -1540,8 +1545,12 @@ RETURNING c.slot, c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_bel
           (SELECT n FROM share) AS share;
 
 -- name: cursor_share
--- A relay's share of the 64 window cursors: ceil(64 / registered relays).
-SELECT ceil(64.0 / greatest(count(*), 1))::int AS share FROM :"schema".relays;
+-- params: owner
+-- A relay's share of the 64 window cursors: ceil(64 / relays alive), as in
+-- take_free_cursors.
+SELECT ceil(64.0 / greatest(count(*) FILTER (WHERE r.lease_owner = $1
+                                            OR NOT pg_try_advisory_xact_lock(r.lock_key)), 1))::int AS share
+FROM :"schema".relays r;
 
 -- name: pre_window_events
 -- Events written before migration 0009 (no txid): no window holds them.

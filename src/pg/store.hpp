@@ -175,8 +175,8 @@ public:
     // A page of a window, decoded as claimed events are, with the read's
     // answers on deliveries.
     [[nodiscard]] window_read_result read_window_page(const window_read_request& request);
-    // Free window cursors ('' slots) up to our share (ceil(64 / registered
-    // relays)) less the `held` we hold, taken for our lease owner.
+    // Free window cursors ('' slots) up to our share (ceil(64 / relays
+    // alive)) less the `held` we hold, taken for our lease owner.
     struct cursors_share {
         std::vector<taken_cursor> taken;
         std::size_t share = 0;

@@ -60,7 +60,8 @@ store::cursors_share store::take_free_cursors(const std::vector<int>& held) {
                                  row[col::done_below].as<std::int64_t>(), row[col::epoch].as<std::int64_t>()});
         }
         if (out.taken.empty()) {
-            out.share = exec<q::cursor_share>(tx, queries_).one()[q::cursor_share::col::share]
+            out.share = exec_params(tx, queries_, q::cursor_share::args{.owner = owner_})
+                            .one()[q::cursor_share::col::share]
                             .as<std::size_t>();
         }
         return out;

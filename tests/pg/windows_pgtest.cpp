@@ -1193,3 +1193,41 @@ TEST_CASE("windows: a parked delivery does not wait for an earlier window event 
     REQUIRE(got.size() == 1);
     CHECK(got[0].id == parked);
 }
+
+TEST_CASE("windows: relays alive share the 64 cursors: the first takes them all, a second takes what the "
+          "first hands back, and a dead relay does not count") {
+    installed db("win");
+    auto a = db.store("relay-a");
+    a.bind_leases_to_session();
+    const auto first = a.take_free_cursors({});
+    CHECK(first.taken.size() == 64);
+    CHECK(first.share == 64);
+    auto b = db.store("relay-b");
+    b.bind_leases_to_session();
+    // Two alive: a share of 32 each, but a holds all 64 and b gets none.
+    const auto second = b.take_free_cursors({});
+    CHECK(second.taken.empty());
+    CHECK(second.share == 32);
+    // a hands its surplus back (checkpoint and release), b takes it.
+    cursor_checkpoint surplus;
+    for (const auto& c : first.taken) {
+        if (c.slot < 32) continue;
+        surplus.slots.push_back(c.slot);
+        surplus.epochs.push_back(c.epoch);
+    }
+    surplus.snap_a = first.taken.front().snap_a;
+    CHECK(a.checkpoint_cursors(surplus) == 32);
+    CHECK(a.release_cursors(surplus) == 32);
+    const auto third = b.take_free_cursors({});
+    CHECK(third.taken.size() == 32);
+    CHECK(third.taken.front().slot == 32);
+    // A relay that registered and died (its session gone, its row left for
+    // the takeover) does not shrink the share of those alive.
+    {
+        auto c = db.store("relay-c");
+        c.bind_leases_to_session();
+    }
+    std::vector<int> held;
+    for (int s = 32; s < 64; ++s) held.push_back(s);
+    CHECK(b.take_free_cursors(held).share == 32);
+}
