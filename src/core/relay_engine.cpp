@@ -182,7 +182,10 @@ void relay_engine::start_claim(std::size_t n) {
     if (claim_answer_unknown_) request.release_all_but = ledger_.held();
     if (reader_) {
         request.windows = true;
-        request.window = reader_->next_read(std::max(n, window_page_size));
+        const auto mean = reader_->mean_event_bytes();
+        const auto page = mean == 0 ? std::size_t{1024}
+                                    : std::clamp<std::size_t>(window_page_bytes / mean, 128, window_queue_limit);
+        request.window = reader_->next_read(std::max(n, page));
         // The queue is full: read again once it has room (pull_window).
         window_read_deferred_ = !request.window && reader_->holding() && !reader_->reading();
     }

@@ -284,10 +284,13 @@ public:
     // How often the held window cursors are checkpointed (and delivered
     // window events below every cursor deleted).
     static constexpr std::chrono::milliseconds checkpoint_interval{1'000};
-    // Events read from windows and not handed out yet, at most (per relay);
-    // a page reads at most this many.
-    static constexpr std::size_t window_queue_limit = 8192;
-    static constexpr std::size_t window_page_size = 1024;
+    // Events read from windows and not handed out yet, at most (per relay).
+    // A page reads about window_page_bytes of bodies (by the last page's
+    // mean), between 128 and window_queue_limit events: a large window read
+    // in small pages costs PostgreSQL the rest of the window at every page
+    // (the window is materialized before its LIMIT).
+    static constexpr std::size_t window_queue_limit = 16384;
+    static constexpr std::size_t window_page_bytes = std::size_t{16} << 20;
 
     // How often a relay with live leases looks for dead relays: a killed
     // relay's work waits about this long, not for its lease to expire.

@@ -15,6 +15,13 @@ std::size_t running_count(const std::string& snapshot) {
     return static_cast<std::size_t>(std::count(snapshot.begin() + static_cast<std::ptrdiff_t>(last), snapshot.end(), ',')) + 1;
 }
 
+// What an event read holds in memory, near enough.
+std::size_t body_bytes(const event& e) {
+    std::size_t n = sizeof(event) + e.payload.size() + e.topic.size();
+    for (const auto& [name, value] : e.headers) n += name.size() + value.size();
+    return n;
+}
+
 // Snapshots of one chain grow in xmax; of two with the same xmax, the one
 // that saw more transactions running is the older.
 bool older(const std::string& a, const std::string& b) {
@@ -113,11 +120,14 @@ void window_reader::lose() {
     windows_.clear();
     events_.clear();
     slot_of_.clear();
+    held_bytes_ = 0;
     written_.reset();
 }
 
 std::optional<window_read_request> window_reader::next_read(std::size_t page_size) {
-    if (!holding() || reading_ || queued() >= queue_limit_ || page_size == 0) return std::nullopt;
+    if (!holding() || reading_ || queued() >= queue_limit_ || held_bytes_ >= byte_limit_ || page_size == 0) {
+        return std::nullopt;
+    }
     if (!open_) {
         const auto id = seq_->open_window();
         if (resume_) {
@@ -145,15 +155,20 @@ void window_reader::page_read(window_page page) {
     if (!w.b) w.b = std::move(page.snap_b);
     std::vector<window_item> items;
     items.reserve(page.events.size());
+    std::size_t page_bytes = 0;
     for (auto& r : page.events) {
         const auto id = r.e.id;
         items.push_back({id, r.e.ordering_key, r.key_pending, r.due});
         slot_of_[id] = r.slot;
         r.e.attempt = 1;  // the first, if it is sent
         r.e.window_slot = r.slot;
+        const auto bytes = body_bytes(r.e);
+        page_bytes += bytes;
+        held_bytes_ += bytes;
         events_[id] = std::make_shared<const event>(std::move(r.e));
         w.next_id = id + 1;
     }
+    if (!items.empty()) mean_event_bytes_ = page_bytes / items.size();
     seq_->add(*open_, std::move(items));
     if (!page.full) {
         seq_->close_window(*open_);
@@ -173,9 +188,16 @@ std::vector<window_reader::step> window_reader::take(std::size_t max) {
     return out;
 }
 
-void window_reader::sent_ok(std::int64_t id) {
-    if (events_.erase(id) == 0) return;
+void window_reader::forget(std::int64_t id) {
+    const auto it = events_.find(id);
+    held_bytes_ -= std::min(held_bytes_, body_bytes(*it->second));
+    events_.erase(it);
     slot_of_.erase(id);
+}
+
+void window_reader::sent_ok(std::int64_t id) {
+    if (!events_.contains(id)) return;
+    forget(id);
     seq_->sent_ok(id);
     forget_finished();
 }
@@ -185,8 +207,8 @@ void window_reader::parking(std::int64_t id) {
 }
 
 void window_reader::settled(std::int64_t id) {
-    if (events_.erase(id) == 0) return;
-    slot_of_.erase(id);
+    if (!events_.contains(id)) return;
+    forget(id);
     seq_->settled(id);
     forget_finished();
 }

@@ -83,7 +83,10 @@ struct cursor_checkpoint {
 
 class window_reader {
 public:
-    explicit window_reader(std::size_t queue_limit) : queue_limit_(queue_limit) {}
+    // queue_limit: events read and not handed out, at most; byte_limit: the
+    // bodies (payload and headers) of the events read and not settled.
+    explicit window_reader(std::size_t queue_limit, std::size_t byte_limit = std::size_t{32} << 20)
+        : queue_limit_(queue_limit), byte_limit_(byte_limit) {}
 
     // The cursors taken. Taken while others are held, they join the chain
     // after the window being read: a catch-up window first brings the side
@@ -102,7 +105,8 @@ public:
     [[nodiscard]] std::size_t slots_held() const noexcept { return epochs_.size(); }
 
     // The next read, if one may start now (none running, cursors held, room
-    // in the queue); it is running from now until page_read or read_failed.
+    // in the queue and under the byte limit); it is running from now until
+    // page_read or read_failed.
     [[nodiscard]] std::optional<window_read_request> next_read(std::size_t page_size);
     void page_read(window_page page);
     void read_failed();
@@ -136,6 +140,10 @@ public:
     [[nodiscard]] std::size_t in_flight() const noexcept { return seq_->in_flight(); }
     // Nothing read is waiting or unsettled, and the last window read ended.
     [[nodiscard]] bool idle() const noexcept;
+    // The bodies of the events read and not settled, and the mean body of
+    // the last page (0 before any): a page's size can follow it.
+    [[nodiscard]] std::size_t held_bytes() const noexcept { return held_bytes_; }
+    [[nodiscard]] std::size_t mean_event_bytes() const noexcept { return mean_event_bytes_; }
     [[nodiscard]] std::vector<int> slots() const;
 
 private:
@@ -155,7 +163,12 @@ private:
     [[nodiscard]] std::optional<window_snapshots> catch_up();
     void forget_finished();
 
+    void forget(std::int64_t id);
+
     std::size_t queue_limit_;
+    std::size_t byte_limit_;
+    std::size_t held_bytes_ = 0;
+    std::size_t mean_event_bytes_ = 0;
     std::unique_ptr<window_sequencer> seq_ = std::make_unique<window_sequencer>();
     std::map<int, std::int64_t> epochs_;  // slot -> epoch
     // Where the next new window starts, and the resume point of the first

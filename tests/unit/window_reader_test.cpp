@@ -230,3 +230,19 @@ TEST_CASE("window reader: cursors are shed only at a window boundary, at the cha
     CHECK(q->slots->size() == 32);
     CHECK(r.checkpoint()->slots.size() == 32);
 }
+
+TEST_CASE("window reader: no read while the bodies held reach the byte limit; the mean body of a page is known") {
+    window_reader r(100, 10'000);
+    r.hold(every_slot_at("1:1:"));
+    (void)r.next_read(10);
+    auto big = read(1);
+    big.e.payload = std::string(20'000, 'x');
+    r.page_read(page("9:9:", {big, read(2)}, true));
+    CHECK(r.held_bytes() > 20'000);
+    CHECK(r.mean_event_bytes() > 10'000);
+    CHECK_FALSE(r.next_read(10));  // over the limit, though the queue has room
+    (void)r.take(10);
+    r.sent_ok(1);
+    CHECK(r.held_bytes() < 10'000);
+    CHECK(r.next_read(10));
+}
