@@ -37,7 +37,7 @@ constexpr std::array<option_spec, 17> command_options{{
     {"once", "run", false, false},
     {"watch", "status", false, false},
     {"interval", "status"},
-    {"print", "wake-setup", false, false},
+    {"print", "wake-setup consume-setup", false, false},
 }};
 
 const std::vector<option_spec>& known_options() {
@@ -51,9 +51,10 @@ const std::vector<option_spec>& known_options() {
     return all;
 }
 
-constexpr std::array<std::string_view, 9> commands{"migrate", "sql", "enqueue", "run", "check-config", "dead",
-                                                   "status", "wake-trigger", "wake-setup"};
+constexpr std::array<std::string_view, 10> commands{"migrate", "sql",    "enqueue",      "run",        "check-config",
+                                                    "dead",    "status", "wake-trigger", "wake-setup", "consume-setup"};
 constexpr std::array<std::string_view, 4> wake_setup_modes{"auto", "notify", "poll", "wal"};
+constexpr std::array<std::string_view, 2> consume_setup_modes{"claims", "windows"};
 constexpr std::array<std::string_view, 3> dead_subcommands{"list", "replay", "purge"};
 
 bool belongs_to(const option_spec& spec, std::string_view command) {
@@ -137,6 +138,11 @@ parsed_args parse_args(int argc, const char* const* argv) {
                 usage_error(fmt::format("unknown `outboxd wake-setup` mode '{}': expected auto, notify, poll or wal", arg));
             }
             out.subcommand = arg;
+        } else if (out.command == "consume-setup" && out.subcommand.empty()) {
+            if (std::find(consume_setup_modes.begin(), consume_setup_modes.end(), arg) == consume_setup_modes.end()) {
+                usage_error(fmt::format("unknown `outboxd consume-setup` mode '{}': expected claims or windows", arg));
+            }
+            out.subcommand = arg;
         } else {
             usage_error(fmt::format("unexpected argument '{}'", arg));
         }
@@ -146,6 +152,9 @@ parsed_args parse_args(int argc, const char* const* argv) {
     }
     if (out.command == "wake-setup" && out.subcommand.empty() && !out.help) {
         usage_error("`outboxd wake-setup` needs a mode: auto, notify, poll or wal");
+    }
+    if (out.command == "consume-setup" && out.subcommand.empty() && !out.help) {
+        usage_error("`outboxd consume-setup` needs a mode: claims or windows");
     }
     if (out.command == "dead" && out.subcommand.empty() && !out.help) {
         usage_error("`outboxd dead` needs a command: list, replay or purge");
@@ -182,6 +191,11 @@ Commands:
               modes need, in one transaction: the wake-up triggers (auto, notify), the
               publication the WAL wake-up streams (wal), neither (poll). --print: print
               the SQL instead (for your own migration tool)
+  consume-setup claims|windows [--print]
+              put in the database what relay.consume = MODE needs, in one transaction:
+              windows: every new event records its transaction's id, and the index the
+              window read uses (producers pay one more index entry per event); claims:
+              removes both (refused while windows relays run). --print: print the SQL
   run         deliver events to the configured destinations until SIGINT/SIGTERM;
               SIGHUP reloads the configuration file (destinations, routes, relay settings).
               --once: deliver what is due, then exit 0 (cron, batch jobs, tests)

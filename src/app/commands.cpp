@@ -40,6 +40,7 @@
 #include "core/topic_pattern.hpp"
 #include "pg/named_queries.hpp"
 #include "pg/conninfo.hpp"
+#include "pg/consume_setup.hpp"
 #include "pg/dead_letters.hpp"
 #include "pg/producer.hpp"
 #include "pg/status.hpp"
@@ -239,11 +240,12 @@ std::vector<std::string> wake_setup_statements(const std::string& schema, const 
     const pg::query_book book(schema);
     namespace q = pg::q;
     const auto publication = quote_ident(pgoutput::publication_name(schema));
-    std::vector<std::string> out{book.sql<q::wake_trigger_drop_events>(), book.sql<q::wake_trigger_drop_deliveries>(),
+    std::vector<std::string> out{book.bare_sql<q::wake_trigger_drop_events>(),
+                                 book.bare_sql<q::wake_trigger_drop_deliveries>(),
                                  fmt::format("DROP PUBLICATION IF EXISTS {};", publication)};
     if (mode == "auto" || mode == "notify") {
-        out.push_back(book.sql<q::wake_trigger_create_events>());
-        out.push_back(book.sql<q::wake_trigger_create_deliveries>());
+        out.push_back(book.bare_sql<q::wake_trigger_create_events>());
+        out.push_back(book.bare_sql<q::wake_trigger_create_deliveries>());
     } else if (mode == "wal") {
         // Inserts only: the relay wakes for new work, never for its own
         // updates and deletes. deliveries too, as the trigger did: a dead
@@ -252,19 +254,6 @@ std::vector<std::string> wake_setup_statements(const std::string& schema, const 
                                   "WITH (publish = 'insert');",
                                   publication, quote_ident(schema), column_lists ? " (id)" : "", quote_ident(schema),
                                   column_lists ? " (event_id)" : ""));
-    }
-    for (auto& statement : out) {
-        // The query book's statements carry their comments: keep the SQL only.
-        std::string uncommented;
-        std::istringstream lines(statement);
-        for (std::string line; std::getline(lines, line);) {
-            if (!line.starts_with("--")) uncommented += (uncommented.empty() ? "" : "\n") + line;
-        }
-        while (!uncommented.empty() && (uncommented.back() == '\n' || uncommented.back() == ' ')) {
-            uncommented.pop_back();
-        }
-        if (!uncommented.ends_with(';')) uncommented += ';';
-        statement = std::move(uncommented);
     }
     return out;
 }
@@ -297,6 +286,49 @@ int cmd_wake_setup(const parsed_args& args) {
         throw database_unavailable(e, dsn);
     }
     log::info("wake-up set up", {{"schema", schema}, {"mode", mode}});
+    return exit_ok;
+}
+
+// Puts in the database what relay.consume = MODE needs (README
+// "Consumption modes"), in one transaction. Taking the txid default away
+// while a windows relay runs would hide every later event from its windows:
+// refused, checked in the transaction that holds the events table's lock.
+int cmd_consume_setup(const parsed_args& args) {
+    const auto& mode = args.subcommand;
+    if (args.flag("print")) {
+        const auto schema = load_config(args, /*destinations_required=*/false, /*database_required=*/false).schema;
+        fmt::print("-- outboxd consume-setup {}\nBEGIN;\n", mode);
+        for (const auto& statement : pg::consume_setup_statements(schema, mode)) fmt::print("{}\n", statement);
+        fmt::print("COMMIT;\n");
+        return exit_ok;
+    }
+    const auto [schema, dsn] = database_of(args);
+    auto conn = connect(dsn);
+    try {
+        with_installed_outbox(schema, [&] {
+            pqxx::work tx(*conn);
+            for (const auto& statement : pg::consume_setup_statements(schema, mode)) tx.exec(statement);
+            if (mode == "claims") {
+                const auto relays = tx.exec(pg::query_book(schema).sql<pg::q::windows_relays_alive>())[0][0]
+                                        .as<long long>();
+                if (relays > 0) {
+                    throw fatal_error(exit_db_unsuitable,
+                                      fmt::format("{} relay(s) with relay.consume = \"windows\" are running on this "
+                                                  "outbox; stop them, or restart them with relay.consume = \"claims\", "
+                                                  "then run `outboxd consume-setup claims` again",
+                                                  relays));
+                }
+            }
+            tx.commit();
+        });
+    } catch (const pqxx::broken_connection& e) {
+        throw database_unavailable(e, dsn);
+    } catch (const pqxx::undefined_column&) {
+        throw fatal_error(exit_schema_missing,
+                          fmt::format("the outbox in schema {} is older than this binary; run `outboxd migrate`",
+                                      quote_ident(schema)));
+    }
+    log::info("consumption set up", {{"schema", schema}, {"mode", mode}});
     return exit_ok;
 }
 
@@ -682,6 +714,7 @@ int dispatch(const parsed_args& args) {
     if (args.command == "dead") return cmd_dead(args);
     if (args.command == "wake-trigger") return cmd_wake_trigger(args);
     if (args.command == "wake-setup") return cmd_wake_setup(args);
+    if (args.command == "consume-setup") return cmd_consume_setup(args);
     throw fatal_error(exit_usage, fmt::format("unknown command '{}'", args.command));
 }
 

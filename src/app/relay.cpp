@@ -207,12 +207,17 @@ private:
             message_prefix_ = store_.message_prefix();
             if (cfg().live_leases) store_.bind_leases_to_session();
             if (cfg().consume == "windows") {
+                if (!store_.windows_set_up()) {
+                    throw fatal_error(exit_schema_missing,
+                                      "relay.consume = \"windows\": the outbox is not set up for windows (new events "
+                                      "do not record their transaction id); run `outboxd consume-setup windows`");
+                }
                 if (const auto n = store_.pre_window_events(); n > 0) {
                     throw fatal_error(
                         exit_db_unsuitable,
                         fmt::format("relay.consume = \"windows\": {} events in the outbox were written before "
-                                    "migration 0009 and no window holds them; deliver them with relay.consume = "
-                                    "\"claims\" first (e.g. `outboxd run --once`), then switch",
+                                    "`outboxd consume-setup windows` and no window holds them; deliver them with "
+                                    "relay.consume = \"claims\" first (e.g. `outboxd run --once`), then switch",
                                     n));
                 }
             }

@@ -26,6 +26,15 @@ public:
         return rendered_[Q::source];
     }
 
+    // Q's text as an operator would type it: without its comment lines,
+    // ending in ';' (the statements `outboxd wake-setup` and `consume-setup`
+    // run and print).
+    template <typename Q>
+        requires(!requires { typename Q::fills; })
+    [[nodiscard]] std::string bare_sql() const {
+        return without_comments(sql<Q>());
+    }
+
     // Declares the statements as prepared statements on `conn` (libpqxx
     // prepares them on first use, under their own names, so server logs and
     // errors name them too).
@@ -35,6 +44,8 @@ public:
     }
 
 private:
+    [[nodiscard]] static std::string without_comments(std::string_view statement);
+
     std::vector<std::string> rendered_;  // by position in queries.sql
 };
 

@@ -743,6 +743,63 @@ CREATE TRIGGER deliveries_notify
     AFTER INSERT ON :"schema".deliveries
     FOR EACH STATEMENT EXECUTE FUNCTION :"schema".notify_events();
 
+-- name: consume_setup_txid_default
+-- `outboxd consume-setup windows`: every new event records the top-level
+-- id of the transaction that inserts it (sql/0009), which is what a window
+-- reads by. Catalog only: rows already there keep NULL (in no window).
+ALTER TABLE :"schema".events ALTER COLUMN txid SET DEFAULT pg_current_xact_id();
+
+-- name: consume_setup_txid_index
+-- Window membership reads a range of txids (transactions that began
+-- between the two snapshots) and probes single txids (those running at A
+-- and finished by B); `id` lets the window's ids be read in one pass and the
+-- resume bound (id >= done_below) be checked on the index entry. Partial:
+-- rows from before the setup are never read through it. Built under a SHARE
+-- lock (producers wait while it reads the events table once).
+CREATE INDEX IF NOT EXISTS events_txid_idx ON :"schema".events (txid, id) WHERE txid IS NOT NULL;
+
+-- name: consume_setup_pre_window_index
+-- The events from before the setup, by key: a window event must wait behind
+-- an earlier one of its key still to send (read_window's key_pending).
+-- Through events_ordering_key_idx that probe would visit every row of the
+-- key below the event; once the default is set no new row enters this
+-- index, so producers pay nothing for it and it empties as the old rows
+-- are delivered.
+CREATE INDEX IF NOT EXISTS events_pre_window_key_idx ON :"schema".events (ordering_key, id)
+    WHERE txid IS NULL AND ordering_key IS NOT NULL;
+
+-- name: consume_setup_drop_txid_default
+-- `outboxd consume-setup claims`: producers stop paying for windows.
+ALTER TABLE :"schema".events ALTER COLUMN txid DROP DEFAULT;
+
+-- name: consume_setup_drop_txid_index
+DROP INDEX IF EXISTS :"schema".events_txid_idx;
+
+-- name: consume_setup_drop_pre_window_index
+DROP INDEX IF EXISTS :"schema".events_pre_window_key_idx;
+
+-- name: windows_set_up
+-- params: schema
+-- Whether `outboxd consume-setup windows` ran: the txid default and the
+-- index the window read needs. The schema by value.
+SELECT coalesce((SELECT pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()'
+                 FROM pg_attrdef d
+                 JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                 JOIN pg_class c ON c.oid = d.adrelid
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relname = 'events' AND a.attname = 'txid'), false) AS txid_default,
+       EXISTS (SELECT 1 FROM pg_class i JOIN pg_namespace n ON n.oid = i.relnamespace
+               WHERE n.nspname = $1 AND i.relname = 'events_txid_idx' AND i.relkind = 'i') AS txid_index;
+
+-- name: windows_relays_alive
+-- Relays alive that hold window cursors: `consume-setup claims` must not
+-- take the txid default away under them (their windows would never see the
+-- events inserted after it).
+SELECT count(DISTINCT c.owner) AS relays
+FROM :"schema".cursors c
+JOIN :"schema".relays r ON r.lease_owner = c.owner
+WHERE NOT pg_try_advisory_xact_lock(r.lock_key);
+
 -- name: purge_idempotency_keys
 -- params: retention_ms
 -- Returns how many keys were forgotten.
@@ -1553,5 +1610,6 @@ SELECT ceil(64.0 / greatest(count(*) FILTER (WHERE r.lease_owner = $1
 FROM :"schema".relays r;
 
 -- name: pre_window_events
--- Events written before migration 0009 (no txid): no window holds them.
+-- Events written before `outboxd consume-setup windows` (no txid): no window
+-- holds them.
 SELECT count(*) AS events FROM :"schema".events WHERE txid IS NULL;

@@ -185,8 +185,11 @@ public:
     // How many of the position's cursors were still ours and were written.
     [[nodiscard]] std::size_t checkpoint_cursors(const cursor_checkpoint& position);
     [[nodiscard]] std::size_t release_cursors(const cursor_checkpoint& position);
-    // Events no window holds: written before migration 0009.
+    // Events no window holds: written before `outboxd consume-setup windows`.
     [[nodiscard]] std::int64_t pre_window_events();
+    // Whether `outboxd consume-setup windows` ran: new events record their
+    // txid, and the window read has its index.
+    [[nodiscard]] bool windows_set_up();
     // park_window_events for a batch's parks.
     std::size_t write_parks(const std::vector<outboxd::window_park>& parks);
 

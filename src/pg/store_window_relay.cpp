@@ -81,6 +81,15 @@ std::int64_t store::pre_window_events() {
     });
 }
 
+bool store::windows_set_up() {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        using col = q::windows_set_up::col;
+        const auto row = exec_params(tx, queries_, q::windows_set_up::args{.schema = schema_}).one();
+        return row[col::txid_default].as<bool>() && row[col::txid_index].as<bool>();
+    });
+}
+
 std::size_t store::write_parks(const std::vector<outboxd::window_park>& parks) {
     std::vector<store::window_park> rows;
     rows.reserve(parks.size());

@@ -9,6 +9,7 @@
 
 #include "core/log.hpp"
 #include "core/sql_ident.hpp"
+#include "pg/consume_setup.hpp"
 #include "pg/migrator.hpp"
 
 namespace outboxd::testing {
@@ -52,8 +53,15 @@ std::string scalar(pqxx::connection& c, const std::string& sql) {
     return r[0].is_null() ? std::string("NULL") : std::string(r[0].c_str());
 }
 
-installed::installed(std::string prefix) : schema(std::move(prefix)), admin(connect()) {
+installed::installed(std::string prefix, std::string_view consume) : schema(std::move(prefix)), admin(connect()) {
     (void)pg::migrate(*admin, schema.name());
+    if (consume != "claims") set_up_consume(*admin, schema.name(), consume);
+}
+
+void set_up_consume(pqxx::connection& c, const std::string& schema, std::string_view consume) {
+    pqxx::work tx(c);
+    for (const auto& statement : pg::consume_setup_statements(schema, consume)) tx.exec(statement);
+    tx.commit();
 }
 
 pg::store installed::store(const std::string& owner) const {

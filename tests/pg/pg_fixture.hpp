@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <pqxx/connection>
 
@@ -40,10 +41,15 @@ private:
 // Runs one statement and returns the first column of the first row as text.
 [[nodiscard]] std::string scalar(pqxx::connection& c, const std::string& sql);
 
+// Runs `outboxd consume-setup CONSUME`'s statements on `schema`.
+void set_up_consume(pqxx::connection& c, const std::string& schema, std::string_view consume);
+
 // The outbox, migrated into a fresh schema (dropped afterwards), and an
 // admin connection to look at it with. The one way tests install it.
+// consume: the state `outboxd consume-setup` puts the events table in
+// ("claims", as migrate leaves it, or "windows").
 struct installed {
-    explicit installed(std::string prefix = "pgt");
+    explicit installed(std::string prefix = "pgt", std::string_view consume = "claims");
 
     scratch_schema schema;
     std::unique_ptr<pqxx::connection> admin;

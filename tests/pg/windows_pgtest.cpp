@@ -82,7 +82,7 @@ std::set<std::int64_t> as_set(const std::vector<std::int64_t>& ids) { return {id
 
 TEST_CASE("windows: consecutive windows read every committed event exactly once, in the first window after its "
           "commit") {
-    installed db("win");
+    installed db("win", "windows");
     auto reader = db.store("reader");
     session before(db), spanning(db), early_xid(db), plain(db), aborted(db), saved(db), rolled_back(db),
         prepared(db), later(db), long_tx(db);
@@ -173,7 +173,7 @@ TEST_CASE("windows: consecutive windows read every committed event exactly once,
 
 TEST_CASE("windows: concurrent producers that commit or roll back at random; the ids read are the committed ids, "
           "each once") {
-    installed db("win");
+    installed db("win", "windows");
     auto reader = db.store("reader");
     constexpr int producers = 4;
     constexpr int transactions_each = 120;
@@ -252,7 +252,7 @@ TEST_CASE("windows: concurrent producers that commit or roll back at random; the
 }
 
 TEST_CASE("windows: a large window read in chunks, or by slot, gives the ids of one read") {
-    installed db("win");
+    installed db("win", "windows");
     auto reader = db.store("reader");
     const std::string a = snapshot_now(*db.admin);
     session open(db), p(db), late(db);
@@ -331,7 +331,7 @@ TEST_CASE("windows: a large window read in chunks, or by slot, gives the ids of 
 }
 
 TEST_CASE("windows: the read returns B, both xmaxes and the server's time; the server passes the safety check") {
-    installed db("win");
+    installed db("win", "windows");
     auto reader = db.store("reader");
     const std::string a = snapshot_now(*db.admin);
     (void)db.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = std::nullopt, .idempotency_key = std::nullopt});
@@ -351,7 +351,7 @@ TEST_CASE("windows: the read returns B, both xmaxes and the server's time; the s
 }
 
 TEST_CASE("windows: ordering keys that need quoting in an array come back as written") {
-    installed db("win");
+    installed db("win", "windows");
     auto reader = db.store("reader");
     const std::string a = snapshot_now(*db.admin);
     const std::vector<std::string> keys{"NULL", "a \"quoted\" key", "back\\slash", "comma,{brace}", " spaced ", "ключ"};
@@ -371,7 +371,7 @@ TEST_CASE("windows: ordering keys that need quoting in an array come back as wri
 }
 
 TEST_CASE("windows: a cursor is taken from its owner only when its relay is dead, and a stale epoch writes nothing") {
-    installed db("win");
+    installed db("win", "windows");
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
     a.bind_leases_to_session();
@@ -443,8 +443,8 @@ TEST_CASE("windows: a cursor is taken from its owner only when its relay is dead
     CHECK_THROWS((void)b.checkpoint_cursor("hooks", 5, from_ghost->epoch, w.snap_b, mine->snap_a, 0));
 }
 
-TEST_CASE("windows: migration 0009 applies to an outbox with pending events, deliveries and key holds, without "
-          "rewriting it; pending events are in no window and today's claim still delivers them") {
+TEST_CASE("windows: migration 0009 and consume-setup windows apply to an outbox with pending events, deliveries and "
+          "key holds, without rewriting it; pending events are in no window and today's claim still delivers them") {
     testing::scratch_schema schema("win");
     auto c = testing::connect();
     {
@@ -471,6 +471,12 @@ TEST_CASE("windows: migration 0009 applies to an outbox with pending events, del
 
     const auto r = pg::migrate(*c, schema.name());
     CHECK(r.applied == std::vector<int>{9});
+    // The migration alone costs producers nothing: no txid default, no index.
+    CHECK(q("SELECT count(*) FROM pg_indexes WHERE schemaname = '" + schema.name() + "' AND indexname LIKE '%txid%'") ==
+          "0");
+    CHECK(q("SELECT count(*) FROM information_schema.columns WHERE table_schema = '" + schema.name() +
+            "' AND column_name = 'txid' AND column_default IS NOT NULL") == "0");
+    testing::set_up_consume(*c, schema.name(), "windows");
     CHECK(q("SELECT pg_relation_filenode('{s}.events')") == filenode);  // no rewrite
     CHECK(q("SELECT count(*) FILTER (WHERE txid IS NULL) || '/' || count(*) FROM {s}.events") == "10/10");
     CHECK(q("SELECT count(*) FROM {s}.deliveries") == "4");
@@ -544,7 +550,7 @@ pg::dead_delivery dead(const std::string& destination, const std::string& error,
 }  // namespace
 
 TEST_CASE("windows: an event committed before its slot's cursor exists is read by the cursor's first window") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
     const auto before = db.enqueue(window_event("early"));
@@ -557,7 +563,7 @@ TEST_CASE("windows: an event committed before its slot's cursor exists is read b
 
 TEST_CASE("windows: parked window events of a key are claimed by claim_deliveries one at a time in id order per "
           "destination; a delayed event is parked due at its available_at") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
     const auto k1 = db.enqueue(window_event("k"));
@@ -623,7 +629,7 @@ TEST_CASE("windows: parked window events of a key are claimed by claim_deliverie
 }
 
 TEST_CASE("windows: a park is fenced by its cursor (owner and epoch), and writing it twice changes nothing") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
     auto other = db.store("relay-b");
@@ -683,7 +689,7 @@ TEST_CASE("windows: a park is fenced by its cursor (owner and epoch), and writin
 }
 
 TEST_CASE("windows: cleanup deletes exactly the delivered window events below the oldest cursor") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
     const auto fast_key = key_in_new_slot(db, {}, "fast");
@@ -777,7 +783,7 @@ TEST_CASE("windows: cleanup deletes an event its slot's cursor has passed, thoug
     // A relay that stops reading (no new event) keeps the B of its last
     // window as A; a writer that was running when that B was taken holds
     // its xmin below the events of the window, which are done all the same.
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     relay.bind_leases_to_session();
     std::map<int, std::int64_t> epochs;
@@ -794,7 +800,7 @@ TEST_CASE("windows: cleanup deletes an event its slot's cursor has passed, thoug
 }
 
 TEST_CASE("windows: a dead relay's cursors are unowned by the takeover, and its late park writes nothing") {
-    installed db("win");
+    installed db("win", "windows");
     auto a = db.store("relay-a");
     a.bind_leases_to_session();  // registered (sql/0006): may take cursors
     auto b = db.store("relay-b");
@@ -832,7 +838,7 @@ TEST_CASE("windows: a dead relay's cursors are unowned by the takeover, and its 
 }
 
 TEST_CASE("windows: a park that meets its cursor being taken waits for the take, and is fenced out by it") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
     const auto e = db.enqueue(window_event("k"));
@@ -869,7 +875,7 @@ TEST_CASE("windows: a park that meets its cursor being taken waits for the take,
 }
 
 TEST_CASE("windows: a window read again from an older checkpoint leaves out the events parked by the first read") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
     const auto parked = db.enqueue(window_event("k"));
@@ -896,7 +902,7 @@ TEST_CASE("windows: a window read again from an older checkpoint leaves out the 
 
 TEST_CASE("windows: the read says per event whether its key is pending: deliveries of the key, or an earlier event "
           "of it from before windows still in the outbox") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     relay.bind_leases_to_session();  // registered (sql/0006): may take cursors
     // Before windows (txid NULL): "old" has one still to send, "gone" one
@@ -940,7 +946,7 @@ TEST_CASE("windows: the read says per event whether its key is pending: deliveri
 }
 
 TEST_CASE("windows: the read says whether deliveries to its destinations are due, and when the next one is") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     const std::string a = snapshot_now(*db.admin);
     const auto e = db.enqueue(window_event());
@@ -978,7 +984,7 @@ TEST_CASE("windows: the read says whether deliveries to its destinations are due
 
 TEST_CASE("windows: the read returns the page's bodies: topic, payload, headers, created_at, a replayed event's "
           "destinations and its age") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     const std::string a = snapshot_now(*db.admin);
     pg::new_event plain = window_event("k");
@@ -1017,7 +1023,7 @@ TEST_CASE("windows: the read returns the page's bodies: topic, payload, headers,
 
 TEST_CASE("windows: the read's probe for an earlier event of the key from before windows does not walk the key's "
           "other rows") {
-    installed db("win");
+    installed db("win", "windows");
     // Already read (before A), not deleted by cleanup yet: 3,000 events of
     // "k" among 27,000 unkeyed ones. The window: 50 more of "k".
     (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 10 = 0 THEN 'k' END)) "
@@ -1047,7 +1053,7 @@ TEST_CASE("windows: the read's probe for an earlier event of the key from before
 }
 
 TEST_CASE("windows: a relay session does not JIT-compile the read of a large window") {
-    installed db("win");
+    installed db("win", "windows");
     const std::string a = snapshot_now(*db.admin);
     (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
                    "FROM generate_series(1, 20000) g");
@@ -1071,7 +1077,7 @@ TEST_CASE("windows: a relay session does not JIT-compile the read of a large win
 
 TEST_CASE("windows: take_cursors takes all 64 slots of an empty install in one call, none from a live relay, all "
           "from a dead one") {
-    installed db("win");
+    installed db("win", "windows");
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
     a.bind_leases_to_session();
@@ -1117,7 +1123,7 @@ TEST_CASE("windows: take_cursors takes all 64 slots of an empty install in one c
 }
 
 TEST_CASE("windows: checkpoint_cursors and release_cursors write only the cursors still ours at their epoch") {
-    installed db("win");
+    installed db("win", "windows");
     auto a = db.store("relay-a");
     auto b = db.store("relay-b");
     a.bind_leases_to_session();
@@ -1175,7 +1181,7 @@ TEST_CASE("windows: checkpoint_cursors and release_cursors write only the cursor
 
 TEST_CASE("windows: a parked delivery does not wait for an earlier window event of its key that is only "
           "waiting for cleanup (relay.consume = \"windows\"); a claims relay still does") {
-    installed db("win");
+    installed db("win", "windows");
     auto relay = db.store("relay-a");
     relay.bind_leases_to_session();
     const auto slot = slot_of(db, "k");
@@ -1196,7 +1202,7 @@ TEST_CASE("windows: a parked delivery does not wait for an earlier window event 
 
 TEST_CASE("windows: relays alive share the 64 cursors: the first takes them all, a second takes what the "
           "first hands back, and a dead relay does not count") {
-    installed db("win");
+    installed db("win", "windows");
     auto a = db.store("relay-a");
     a.bind_leases_to_session();
     const auto first = a.take_free_cursors({});

@@ -1,0 +1,156 @@
+"""`outboxd consume-setup claims|windows`: what producers pay for windows is
+installed only when asked, a windows relay refuses an outbox not set up for
+it, and an outbox with pending events moves to windows without losing or
+reordering any of them."""
+
+from __future__ import annotations
+
+import secrets
+
+import psycopg2
+import pytest
+
+from conftest import EXIT_OK, EXIT_SCHEMA_MISSING, Db
+from helpers import duplicates, wait_delivered, wait_until
+
+EXIT_DB_UNSUITABLE = 8
+WINDOWS = {"OUTBOXD_CONSUME": "windows"}
+CLAIMS = {"OUTBOXD_CONSUME": "claims"}
+
+
+def _setup(outboxd, db, mode: str):
+    r = outboxd("consume-setup", mode, "--database-url", db.url, "--schema", db.schema)
+    assert r.rc == EXIT_OK, r
+    return r
+
+
+def _windows_state(db) -> dict:
+    """The txid default and the two indexes `consume-setup windows` installs."""
+    return {
+        "default": db.scalar("SELECT column_default FROM information_schema.columns "
+                             "WHERE table_schema = %s AND table_name = 'events' AND column_name = 'txid'",
+                             (db.schema,)),
+        "indexes": sorted(r["indexname"] for r in db.query(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s "
+            "AND indexname IN ('events_txid_idx', 'events_pre_window_key_idx')", (db.schema,))),
+    }
+
+
+def _in_key_order(arrivals, by_key: dict) -> None:
+    for key, ids in by_key.items():
+        seen = [r.event_id for r in arrivals
+                if r.headers.get("outbox-ordering-key") == key and 200 <= r.status < 300]
+        # At least once: a repeat may follow, but the first arrivals are in order.
+        firsts = list(dict.fromkeys(seen))
+        assert firsts == ids, f"key {key}: delivered {seen}, enqueued {ids}"
+
+
+def test_windows_is_installed_only_when_asked_and_claims_takes_it_away(outboxd, db):
+    _setup(outboxd, db, "claims")  # whatever mode the suite runs in: as `migrate` leaves it
+    assert _windows_state(db) == {"default": None, "indexes": []}
+    before = db.enqueue("t", {"n": 1})
+    assert db.scalar("SELECT txid FROM {s}.events WHERE id = %s", (before,)) is None
+
+    _setup(outboxd, db, "windows")
+    _setup(outboxd, db, "windows")  # twice is fine
+    assert _windows_state(db) == {"default": "pg_current_xact_id()",
+                                  "indexes": ["events_pre_window_key_idx", "events_txid_idx"]}
+    after = db.enqueue("t", {"n": 2})
+    assert db.scalar("SELECT txid IS NOT NULL FROM {s}.events WHERE id = %s", (after,)) is True
+
+    _setup(outboxd, db, "claims")
+    assert _windows_state(db) == {"default": None, "indexes": []}
+    assert db.count_events() == 2  # nothing written or lost by either switch
+
+
+def test_a_windows_relay_refuses_an_outbox_not_set_up_for_it_and_touches_nothing(outboxd, db, relay, receiver):
+    _setup(outboxd, db, "claims")
+    ids = [db.enqueue("t", {"n": i}) for i in range(3)]
+    r = relay(receiver, env=WINDOWS)
+    assert r.wait(15) == EXIT_SCHEMA_MISSING, r.log()
+    assert "run `outboxd consume-setup windows`" in r.log()
+    assert receiver.ids() == []
+    assert sorted(e["id"] for e in db.events()) == ids
+
+
+def test_pending_events_move_to_windows_without_loss_or_reordering(outboxd, db, relay, receiver):
+    """The upgrade path: events written before the setup are in no window; a
+    windows relay refuses while any is left and says how to drain them; a
+    claiming relay delivers them; windows take over behind them."""
+    _setup(outboxd, db, "claims")
+    by_key: dict = {}
+
+    def enqueue(n: int, tag: str) -> None:
+        for i in range(n):
+            key = f"k{i % 3}"
+            by_key.setdefault(key, []).append(db.enqueue("up", {"tag": tag, "i": i}, key=key))
+
+    enqueue(12, "before")
+    _setup(outboxd, db, "windows")
+    enqueue(6, "after-setup")
+
+    refused = relay(receiver, env=WINDOWS)
+    assert refused.wait(15) == EXIT_DB_UNSUITABLE, refused.log()
+    assert "12 events in the outbox were written before `outboxd consume-setup windows`" in refused.log()
+    assert receiver.ids() == []
+
+    # The drain the message asks for: one pass of a claiming relay.
+    drain = relay(receiver, "--once", env=CLAIMS)
+    assert drain.wait(30) == EXIT_OK, drain.log()
+    assert db.scalar("SELECT count(*) FROM {s}.events WHERE txid IS NULL") == 0
+
+    windows = relay(receiver, env=WINDOWS)
+    enqueue(9, "windows")
+    everything = [i for ids in by_key.values() for i in ids]
+    assert wait_delivered(receiver, everything, timeout=30), \
+        f"missing: {sorted(set(everything) - set(receiver.delivered_ids()))}"
+    assert windows.alive(), windows.log()
+    assert "window" in windows.log()  # it did read windows, not claims
+    _in_key_order(receiver.snapshot(), by_key)
+    assert not duplicates(receiver.delivered_ids()), duplicates(receiver.delivered_ids())
+
+
+def test_claims_is_refused_while_a_windows_relay_runs(outboxd, db, relay, receiver):
+    _setup(outboxd, db, "windows")
+    r = relay(receiver, env=WINDOWS)
+    assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.cursors WHERE owner IS NOT NULL") > 0, timeout=15), r.log()
+
+    refused = outboxd("consume-setup", "claims", "--database-url", db.url, "--schema", db.schema)
+    assert refused.rc == EXIT_DB_UNSUITABLE, refused
+    assert 'relay.consume = "windows" are running' in refused.stderr, refused
+    assert _windows_state(db)["default"] == "pg_current_xact_id()"  # rolled back whole
+
+    assert r.stop() == EXIT_OK
+    _setup(outboxd, db, "claims")
+    assert _windows_state(db) == {"default": None, "indexes": []}
+
+
+def test_consume_setup_print_is_sql_a_migration_tool_can_run_for_a_hostile_schema_name(outboxd, make_schema,
+                                                                                         database_url, relay,
+                                                                                         receiver):
+    schema = make_schema(name=f'e2e cs "x"; \'y\' {secrets.token_hex(2)}')
+    db = Db(database_url, schema)
+    try:
+        _setup(outboxd, db, "claims")
+        printed = outboxd("consume-setup", "windows", "--print", "--schema", schema)  # needs no database
+        assert printed.rc == EXIT_OK, printed
+        assert printed.stdout.startswith("-- outboxd consume-setup windows\nBEGIN;\n"), printed.stdout
+        conn = psycopg2.connect(database_url)
+        try:
+            conn.cursor().execute(printed.stdout.replace("BEGIN;", "").replace("COMMIT;", ""))
+            conn.commit()
+        finally:
+            conn.close()
+        assert _windows_state(db)["indexes"] == ["events_pre_window_key_idx", "events_txid_idx"]
+        event = db.enqueue("t", {"n": 1})
+        relay(receiver, schema=schema, env=WINDOWS)
+        assert wait_delivered(receiver, [event], timeout=15)
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("mode", ["", "both"])
+def test_consume_setup_needs_one_mode(outboxd, mode):
+    r = outboxd("consume-setup", *([mode] if mode else []), "--schema", "x")
+    assert r.rc == 2, r
+    assert "claims or windows" in r.stderr, r
