@@ -99,11 +99,14 @@ build/outboxd --database-url "$url" migrate >&2
 # OUTBOXD_WAKE (the relay's wake mode, from the environment): what it needs
 # in the database, e.g. the publication for wal, no trigger for poll.
 [[ -z ${OUTBOXD_WAKE:-} ]] || build/outboxd --database-url "$url" wake-setup "$OUTBOXD_WAKE" >&2
+# OUTBOXD_CONSUME likewise: windows needs the txid default and its index.
+[[ -z ${OUTBOXD_CONSUME:-} ]] || build/outboxd --database-url "$url" consume-setup "$OUTBOXD_CONSUME" >&2
 build/bench/outboxd-bench-baseline --database-url "$url" --setup
 # The windows prototype's own copy of the outbox (it deletes nothing), plus
 # its txid column and cursor.
 if ((windows)); then
   build/outboxd --database-url "$url" --schema win migrate >&2
+  build/outboxd --database-url "$url" --schema win consume-setup windows >&2
   build/bench/outboxd-bench-windows --database-url "$url" --schema win --setup
 fi
 

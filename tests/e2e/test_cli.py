@@ -14,7 +14,7 @@ from psycopg2 import sql
 
 from conftest import (EXIT_DB_UNAVAILABLE, EXIT_INVALID_INPUT, EXIT_OK, EXIT_SCHEMA_MISSING,
                       EXIT_SCHEMA_NEWER, EXIT_USAGE, REPO, Db, admin_execute, clean_env, schema_exists)
-from helpers import closed_port, wait_delivered
+from helpers import claims_only, closed_port, wait_delivered
 
 PASSWORD = "s3cret-pw"
 
@@ -319,6 +319,7 @@ def test_sql_output_applied_by_hand_yields_a_working_outbox(outboxd, database_ur
         db.close()
 
 
+@claims_only("in windows mode the suite sets every migrated outbox up for windows, which `outboxd sql` does not print")
 def test_sql_output_is_the_same_as_what_migrate_applies(outboxd, database_url, make_schema):
     """Applying `outboxd sql` by hand and running `migrate` give the same objects."""
     a = make_schema(migrate=True)
