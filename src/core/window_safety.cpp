@@ -1,5 +1,6 @@
 #include "core/window_safety.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <stdexcept>
 
@@ -30,6 +31,18 @@ std::string describe(window_verdict verdict, const cursor_origin& cursor, const 
                                server.next_xid, cursor.xmax);
     }
     return "";
+}
+
+void require_window_safe(const cursor_origin& cursor, const server_position& server) {
+    const auto verdict = check_window(cursor, server);
+    if (verdict != window_verdict::fine) throw window_unsafe(verdict, describe(verdict, cursor, server));
+}
+
+cursor_origin origin_of(const std::string& snap_a, const std::optional<std::string>& snap_b,
+                        std::int64_t system_identifier) {
+    auto xmax = snapshot_xmax(snap_a);
+    if (snap_b) xmax = std::max(xmax, snapshot_xmax(*snap_b));
+    return {.xmax = xmax, .system_identifier = system_identifier};
 }
 
 std::uint64_t snapshot_xmax(const std::string& snapshot) {
