@@ -403,7 +403,7 @@ def min_txid(db, ids) -> int:
 # --------------------------------------------------------------------------
 def test_a_key_paused_behind_a_retry_holds_only_its_own_later_events(wdb, relay):
     db = wdb
-    failures = 3
+    failures = 4
     seen = {"n": 0}
     lock = threading.Lock()
     stuck: dict = {}
@@ -418,12 +418,18 @@ def test_a_key_paused_behind_a_retry_holds_only_its_own_later_events(wdb, relay)
 
     with Receiver(responder) as rx:
         r = relay(rx, "--sweep-interval", "1h", "--retry-base", "300ms", env=WINDOWS)
-        # The stuck event first, then later events of its key and of others,
-        # each in its own transaction (its own window, most likely).
+        # The stuck event, and at once two more of its key (read while it is
+        # in memory: the sequencer holds them behind it)...
         conn = db.connect()
         stuck["id"] = db.enqueue("paused", {"k": "K", "i": 0}, key="K", conn=conn, commit=False)
         conn.commit()
-        later_k = [db.enqueue("paused", {"k": "K", "i": i}, key="K") for i in range(1, 6)]
+        later_k = [db.enqueue("paused", {"k": "K", "i": i}, key="K") for i in range(1, 3)]
+        # ... then, once its failure is parked in `deliveries`, more of K
+        # (held by the read's key_pending) and of other keys, each in its own
+        # transaction.
+        assert wait_until(lambda: db.deliveries(stuck["id"]), 10), \
+            f"the failed event was never parked: {rx.snapshot()}"
+        later_k += [db.enqueue("paused", {"k": "K", "i": i}, key="K") for i in range(3, 6)]
         others = [db.enqueue("paused", {"k": f"o{i % 4}", "i": i}, key=f"o{i % 4}" if i % 2 else None)
                   for i in range(40)]
         assert wait_delivered(rx, [stuck["id"], *later_k, *others], 30), \
