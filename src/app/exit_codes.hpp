@@ -21,6 +21,8 @@ enum exit_code : int {
     exit_invalid_input = 6,      // `enqueue` given data the outbox refuses (malformed JSON, ...)
     exit_permission_denied = 7,  // the database role lacks a privilege (see config/grants.sql)
     exit_db_unsuitable = 8,      // the server's settings do not allow the configured mode (wal_level, slots, senders)
+    exit_window_unsafe = 9,      // windows must not be read here: a cursor from another cluster or ahead of the
+                                 // server's xid counter (a restore, a PITR), or a standby (core/window_safety.hpp)
     exit_forced = 130,           // a second SIGINT/SIGTERM cut the graceful shutdown short
 };
 

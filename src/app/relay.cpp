@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <variant>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
 #include "core/wake_policy.hpp"
+#include "core/window_safety.hpp"
 #include "nats/subject.hpp"
 #include "pg/listener.hpp"
 #include "pg/store.hpp"
@@ -191,6 +193,7 @@ public:
         }
         outcome_worker_.stop();
         worker_.stop();
+        if (refusal_) throw *refusal_;
         return exit_code_;
     }
 
@@ -205,6 +208,9 @@ private:
             store_.connect();
             check_schema(store_.schema_version());
             message_prefix_ = store_.message_prefix();
+            // Before anything is written (a standby refuses writes with a
+            // message that does not say why).
+            if (cfg().consume == "windows") store_.check_window_server();
             if (cfg().live_leases) store_.bind_leases_to_session();
             if (cfg().consume == "windows") {
                 if (!store_.windows_set_up()) {
@@ -240,6 +246,8 @@ private:
             }
         } catch (const fatal_error&) {
             throw;
+        } catch (const window_unsafe& e) {
+            throw fatal_error(exit_window_unsafe, e.what());
         } catch (const pqxx::broken_connection& e) {
             throw database_unavailable(e, opts_.dsn);
         } catch (const pqxx::insufficient_privilege& e) {
@@ -616,6 +624,8 @@ private:
                         feed_wake([&](wake_policy& w, auto now) { return w.claimed(got, full, now); });
                     }
                 });
+            } catch (const window_unsafe& e) {
+                net::post(ioc_, [this, why = std::string(e.what())] { refuse_windows(why); });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
                     feed_from(epoch, [&](relay_engine& en) { en.claim_failed(why); });
@@ -766,6 +776,8 @@ private:
                 net::post(ioc_, [this, epoch, got = store.take_free_cursors(held)]() mutable {
                     feed_from(epoch, [&](relay_engine& e) { e.cursors_taken(std::move(got.taken), got.share); });
                 });
+            } catch (const window_unsafe& e) {
+                net::post(ioc_, [this, why = std::string(e.what())] { refuse_windows(why); });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
                     feed_from(epoch, [&](relay_engine& en) { en.cursors_take_failed(why); });
@@ -882,6 +894,15 @@ private:
         });
     }
 
+    // A window must not be read against this server (core/window_safety.hpp):
+    // stop at once and read nothing more; an operator has to look. What is
+    // in flight is not recorded: it is sent again later (at-least-once).
+    void refuse_windows(const std::string& why) {
+        if (refusal_) return;
+        refusal_.emplace(exit_window_unsafe, why);
+        ioc_.stop();
+    }
+
     void run(exit_now_command&) {
         exit_code_ = exit_forced;
         ioc_.stop();
@@ -922,6 +943,7 @@ private:
     std::array<net::steady_timer, relay_timer_count> timers_;  // indexed by relay_timer
     bool feeding_ = false;
     int exit_code_ = exit_ok;
+    std::optional<fatal_error> refusal_;  // refuse_windows()
 };
 
 }  // namespace

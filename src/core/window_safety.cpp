@@ -1,5 +1,6 @@
 #include "core/window_safety.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <stdexcept>
 
@@ -22,14 +23,28 @@ std::string describe(window_verdict verdict, const cursor_origin& cursor, const 
             return "the server is a standby (in recovery): windows are read on the primary only";
         case window_verdict::other_cluster:
             return fmt::format("the cursor was taken on cluster {}, this server is cluster {}: refusing to read "
-                               "(`outboxd cursor reset` after checking)",
+                               "(after checking, with every relay stopped, delete the schema's cursors rows: "
+                               "every event still in the outbox is then sent again)",
                                cursor.system_identifier, server.system_identifier);
         case window_verdict::xid_regression:
             return fmt::format("xid regression: the server's next transaction id {} is below the cursor's {} "
-                               "(a restore or PITR?): refusing to read (`outboxd cursor reset` after checking)",
+                               "(a restore or PITR?): refusing to read (after checking, with every relay stopped, "
+                               "delete the schema's cursors rows: every event still in the outbox is then sent again)",
                                server.next_xid, cursor.xmax);
     }
     return "";
+}
+
+void require_window_safe(const cursor_origin& cursor, const server_position& server) {
+    const auto verdict = check_window(cursor, server);
+    if (verdict != window_verdict::fine) throw window_unsafe(verdict, describe(verdict, cursor, server));
+}
+
+cursor_origin origin_of(const std::string& snap_a, const std::optional<std::string>& snap_b,
+                        std::int64_t system_identifier) {
+    auto xmax = snapshot_xmax(snap_a);
+    if (snap_b) xmax = std::max(xmax, snapshot_xmax(*snap_b));
+    return {.xmax = xmax, .system_identifier = system_identifier};
 }
 
 std::uint64_t snapshot_xmax(const std::string& snapshot) {

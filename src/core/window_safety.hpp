@@ -11,6 +11,8 @@
 // relay must stop reading and say so, never carry on.
 
 #include <cstdint>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 namespace outboxd {
@@ -44,6 +46,20 @@ enum class window_verdict {
 // One line for the operator naming both sides' values ("" when fine).
 [[nodiscard]] std::string describe(window_verdict verdict, const cursor_origin& cursor,
                                    const server_position& server);
+
+// A window must not be read against this server: what() is describe()'s line.
+struct window_unsafe : std::runtime_error {
+    window_unsafe(window_verdict verdict, const std::string& line) : std::runtime_error(line), verdict(verdict) {}
+    window_verdict verdict;
+};
+
+// Throws window_unsafe unless check_window says fine.
+void require_window_safe(const cursor_origin& cursor, const server_position& server);
+
+// A cursor's origin from its snapshots' text (B while inside a window) and
+// the cluster it was taken on.
+[[nodiscard]] cursor_origin origin_of(const std::string& snap_a, const std::optional<std::string>& snap_b,
+                                      std::int64_t system_identifier);
 
 // The xmax of a pg_snapshot's text form ("xmin:xmax:xip,..."). Throws
 // std::invalid_argument on anything else.

@@ -1599,7 +1599,7 @@ WHERE c.owner IS NULL OR c.owner = excluded.owner
    OR NOT EXISTS (SELECT 1 FROM :"schema".relays r WHERE r.lease_owner = c.owner)
    OR (SELECT pg_try_advisory_xact_lock(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
 RETURNING c.slot, c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_below, c.epoch,
-          (SELECT n FROM share) AS share;
+          c.system_identifier, (SELECT n FROM share) AS share;
 
 -- name: cursor_share
 -- params: owner

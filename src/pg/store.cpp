@@ -74,6 +74,7 @@ bool store::connected() const noexcept { return session_.connected(); }
 void store::disconnect() noexcept { session_.disconnect(); }
 
 void store::set_up(pqxx::connection& c) {
+    window_safety_due_ = true;  // perhaps another server: see check_window_server()
     if (transaction_pooling_) return;  // see set_transaction_pooling()
     if (statement_timeout_.count() > 0) {
         pqxx::nontransaction tx(c);

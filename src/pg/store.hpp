@@ -323,6 +323,13 @@ public:
     [[nodiscard]] std::size_t release_cursors(std::span<const int> slots, std::span<const std::int64_t> epochs);
     // The server's side of core/window_safety.hpp.
     [[nodiscard]] server_position window_safety();
+    // relay.consume = "windows", at startup: throws window_unsafe on a
+    // standby, and remembers the server's cluster. From then on the first
+    // read_window on every new connection checks the cursor it reads with
+    // against the server (that cluster, the server's next xid) and throws
+    // window_unsafe instead of reading. take_free_cursors checks every
+    // cursor it takes the same way.
+    void check_window_server();
     // What a window event's outcome (or the sequencer's park) leaves owed:
     // `owed` get a deliveries row each (due no earlier than due_in from now,
     // and never before the event's available_at), `dead` a dead letter each
@@ -371,6 +378,7 @@ private:
     auto run(pqxx::transaction_base& tx, const Args& args) const;  // prepared, unless pooled
     void prepare_claims(pqxx::connection& c) const;
     void unprepare_claims(pqxx::connection& c) const;
+    [[nodiscard]] server_position window_safety_now(pqxx::transaction_base& tx);
 
     std::string schema_;
     std::string owner_;
@@ -387,6 +395,11 @@ private:
     session session_;
     bool bound_to_session_ = false;
     bool holds_session_lock_ = false;
+    // check_window_server(): the cluster the relay's cursors were checked
+    // on, and whether this connection has not checked them yet (set by
+    // every new connection).
+    std::optional<std::int64_t> window_cluster_;
+    bool window_safety_due_ = true;
 };
 
 }  // namespace outboxd::pg

@@ -49,6 +49,7 @@ store::cursors_share store::take_free_cursors(const std::vector<int>& held) {
         pqxx::nontransaction tx(c);
         using col = q::take_free_cursors::col;
         cursors_share out;
+        std::vector<cursor_origin> origins;
         for (const auto& row : exec_params(tx, queries_,
                                            q::take_free_cursors::args{.owner = owner_,
                                                                       .held = number_array(held, [](int s) { return s; })})) {
@@ -58,6 +59,14 @@ store::cursors_share store::take_free_cursors(const std::vector<int>& held) {
                                      ? std::nullopt
                                      : std::optional<std::string>(row[col::snap_b].as<std::string>()),
                                  row[col::done_below].as<std::int64_t>(), row[col::epoch].as<std::int64_t>()});
+            origins.push_back(origin_of(out.taken.back().snap_a, out.taken.back().snap_b,
+                                        row[col::system_identifier].as<std::int64_t>()));
+        }
+        // Before any window is read with them: refused (window_unsafe) when
+        // one does not belong to this server (core/window_safety.hpp).
+        if (!origins.empty()) {
+            const auto server = window_safety_now(tx);
+            for (const auto& origin : origins) require_window_safe(origin, server);
         }
         if (out.taken.empty()) {
             out.share = exec_params(tx, queries_, q::cursor_share::args{.owner = owner_})

@@ -66,6 +66,12 @@ store::window_read store::read_window(const std::string& snap_a, const std::opti
         slots ? std::optional<std::string>(number_array(*slots, [](int s) { return s; })) : std::nullopt;
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
+        if (window_cluster_ && window_safety_due_) {
+            // The first read on a new connection (a reconnect, maybe to
+            // another server): the cursor read with must belong to it.
+            require_window_safe(origin_of(snap_a, snap_b, *window_cluster_), window_safety_now(tx));
+            window_safety_due_ = false;
+        }
         using col = q::read_window::col;
         const auto row = exec_params(tx, queries_,
                                      q::read_window::args{.snap_a = snap_a,
@@ -270,12 +276,25 @@ std::size_t store::release_cursors(std::span<const int> slots, std::span<const s
 server_position store::window_safety() {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        using col = q::window_safety::col;
-        const auto row = exec<q::window_safety>(tx, queries_).one();
-        return server_position{.in_recovery = row[col::in_recovery].as<bool>(),
-                               .next_xid = parse_number<std::uint64_t>(row[col::next_xid].as<std::string>()),
-                               .system_identifier = row[col::system_identifier].as<std::int64_t>()};
+        return window_safety_now(tx);
     });
+}
+
+server_position store::window_safety_now(pqxx::transaction_base& tx) {
+    using col = q::window_safety::col;
+    const auto row = exec<q::window_safety>(tx, queries_).one();
+    return server_position{.in_recovery = row[col::in_recovery].as<bool>(),
+                           .next_xid = parse_number<std::uint64_t>(row[col::next_xid].as<std::string>()),
+                           .system_identifier = row[col::system_identifier].as<std::int64_t>()};
+}
+
+void store::check_window_server() {
+    const auto server = window_safety();
+    if (server.in_recovery) {
+        throw window_unsafe(window_verdict::standby, describe(window_verdict::standby, {}, server));
+    }
+    window_cluster_ = server.system_identifier;
+    window_safety_due_ = false;
 }
 
 std::vector<std::int64_t> store::park_window_events(std::span<const window_park> parks) {

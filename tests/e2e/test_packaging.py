@@ -30,7 +30,7 @@ EXIT_CODES_HPP = REPO / "src" / "app" / "exit_codes.hpp"
 # privileges. Anything else (a crash, a bug, a database down at startup) is
 # worth a restart.
 NEEDS_AN_OPERATOR = {"exit_usage", "exit_schema_missing", "exit_schema_too_new", "exit_permission_denied",
-                     "exit_db_unsuitable"}
+                     "exit_db_unsuitable", "exit_window_unsafe"}
 WORTH_A_RESTART = {"exit_internal", "exit_db_unavailable"}
 
 

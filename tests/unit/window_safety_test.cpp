@@ -54,3 +54,19 @@ TEST_CASE("window safety: xmax of a snapshot's text") {
         CHECK_THROWS_AS((void)snapshot_xmax(bad), std::invalid_argument);
     }
 }
+
+TEST_CASE("window safety: a cursor's origin is the higher xmax of A and B; require_window_safe throws the line") {
+    CHECK(origin_of("740:745:740", std::nullopt, 42).xmax == 745);
+    CHECK(origin_of("740:745:740", std::string("750:760:"), 42).xmax == 760);
+    CHECK(origin_of("740:745:", std::nullopt, 42).system_identifier == 42);
+    CHECK_NOTHROW(require_window_safe({760, 42}, {false, 760, 42}));
+    try {
+        require_window_safe({760, 42}, {false, 700, 42});
+        FAIL("no window_unsafe thrown");
+    } catch (const window_unsafe& e) {
+        CHECK(e.verdict == window_verdict::xid_regression);
+        CHECK(std::string(e.what()) == describe(window_verdict::xid_regression, {760, 42}, {false, 700, 42}));
+    }
+    CHECK_THROWS_AS(require_window_safe({760, 42}, {true, 800, 42}), window_unsafe);
+    CHECK_THROWS_AS(require_window_safe({760, 42}, {false, 800, 43}), window_unsafe);
+}
