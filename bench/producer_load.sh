@@ -189,36 +189,33 @@ stop_relay
 header="| mode |"
 rule="|---|"
 for c in $clients; do header+=" $c conn |"; rule+="---:|"; done
-echo "$header"
-echo "$rule"
-for mode in $modes; do
-  line="| $mode |"
-  for c in $clients; do
-    m=${median[$mode,$c]}
-    if [[ -n ${median[no-wake,$c]:-} && $mode != no-wake ]]; then
-      line+=" $(printf '%.0f' "$m") ($(awk -v a="$m" -v b="${median[no-wake,$c]}" 'BEGIN {printf "%.2f", a / b}')×) |"
-    else
-      line+=" $(printf '%.0f' "$m") |"
-    fi
+# One table of an array by (mode,clients), each cell with its ratio to
+# no-wake: `rate` is the mode's figure over no-wake's (rounded figures),
+# `cost` no-wake's over the mode's.
+print_table() {
+  local -n values=$1
+  local ratio=$2 mode c m line
+  echo "$header"
+  echo "$rule"
+  for mode in $modes; do
+    line="| $mode |"
+    for c in $clients; do
+      m=${values[$mode,$c]}
+      [[ $ratio == rate ]] && m=$(printf '%.0f' "$m")
+      if [[ -n ${values[no-wake,$c]:-} && $mode != no-wake ]]; then
+        line+=" $m ($(awk -v a="${values[$mode,$c]}" -v b="${values[no-wake,$c]}" -v r="$ratio" \
+                         'BEGIN {printf "%.2f", r == "rate" ? a / b : b / a}')×) |"
+      else
+        line+=" $m |"
+      fi
+    done
+    echo "$line"
   done
-  echo "$line"
-done
+}
+print_table median rate
 echo
 echo "commits/s, median of $runs runs of ${seconds}s each; (×): ratio to no-wake; wal_level = $wal_level; $(nproc) CPUs; $(date -u +%F)"
 echo
-echo "$header"
-echo "$rule"
-for mode in $modes; do
-  line="| $mode |"
-  for c in $clients; do
-    m=${cpu_median[$mode,$c]}
-    if [[ -n ${cpu_median[no-wake,$c]:-} && $mode != no-wake ]]; then
-      line+=" $m ($(awk -v a="$m" -v b="${cpu_median[no-wake,$c]}" 'BEGIN {printf "%.2f", b / a}')×) |"
-    else
-      line+=" $m |"
-    fi
-  done
-  echo "$line"
-done
+print_table cpu_median cost
 echo
 echo "µs of CPU a commit (PostgreSQL + pgbench + relay), median of $runs; (×): no-wake's CPU a commit / the mode's"

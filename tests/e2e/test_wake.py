@@ -169,6 +169,16 @@ def _relay_state(db):
     return None if not rows else rows[0]["idle"]
 
 
+def _declared_busy_by_a_burst(db) -> bool:
+    """A burst far above the busy rate, in one commit: whether the relay then
+    declared itself busy within 5 s."""
+    burst = db.connect()
+    for i in range(400):
+        db.enqueue("t", {"burst": i}, conn=burst, commit=False)
+    burst.commit()
+    return bool(wait_until(lambda: _relay_state(db) is False, 5))
+
+
 def test_auto_mode_catches_a_commit_that_read_busy_and_committed_after_the_relay_went_idle(
         database_url, db, receiver, relay):
     """A producer inserts while the relay is declared busy (its trigger does not
@@ -178,12 +188,7 @@ def test_auto_mode_catches_a_commit_that_read_busy_and_committed_after_the_relay
     r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
     assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
     for attempt in range(5):
-        # Load: a burst far above the busy rate makes the relay declare itself busy.
-        burst = db.connect()
-        for i in range(400):
-            db.enqueue("t", {"burst": i}, conn=burst, commit=False)
-        burst.commit()
-        if not wait_until(lambda: _relay_state(db) is False, 5):
+        if not _declared_busy_by_a_burst(db):
             continue
         producer = db.connect()
         raced = db.enqueue("t", {"raced": True}, conn=producer, commit=False)
@@ -213,11 +218,7 @@ def test_auto_mode_an_event_written_while_busy_and_due_after_the_relay_went_idle
     r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
     assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
     for attempt in range(5):
-        burst = db.connect()
-        for i in range(400):
-            db.enqueue("t", {"burst": i}, conn=burst, commit=False)
-        burst.commit()
-        if not wait_until(lambda: _relay_state(db) is False, 5):
+        if not _declared_busy_by_a_burst(db):
             continue
         delayed = db.enqueue("t", {"delayed": True},
                              available_at=db.scalar("SELECT (now() + interval '1500 milliseconds')::text"))

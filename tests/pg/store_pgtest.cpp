@@ -658,6 +658,12 @@ std::string plan_nodes(const nlohmann::json& plan) {
     return fmt::format("\n{}", fmt::join(nodes, "\n"));
 }
 
+// Runs `statement` under EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON): its plan's root node.
+nlohmann::json analyzed_plan(pqxx::transaction_base& tx, const std::string& statement) {
+    return nlohmann::json::parse(
+        tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement)[0].as<std::string>())[0]["Plan"];
+}
+
 // Runs `run` in a subcase for each way a drained outbox comes to have
 // statistics of 0 rows on N pages: a VACUUM that cannot truncate it, an ANALYZE.
 void in_each_drained_state(const std::function<void(const std::string&)>& run) {
@@ -717,8 +723,7 @@ TEST_CASE("the claims' generic plans, made while the statistics say the outbox i
     for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity', false)",
                                       "EXECUTE claim_after('a', 30000, '-infinity', 0)"}) {
         CAPTURE(execute);
-        const auto text = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute)[0].as<std::string>();
-        const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+        const auto plan = analyzed_plan(tx, execute);
         const auto nodes = plan_nodes(plan);
         CAPTURE(nodes);
         // The 128 rows, their index entries old and new, the scan to them:
@@ -750,11 +755,10 @@ TEST_CASE("a claim over a backlog of few keys reads a bounded part of it, not ev
     const auto explain = [&](const std::string& execute, int leases) {
         CAPTURE(execute);
         tx.exec("BEGIN");
-        const auto text = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + execute)[0].as<std::string>();
+        const auto plan = analyzed_plan(tx, execute);
         const auto leased =
             tx.exec1(fmt::format("SELECT count(*) FROM {}.events WHERE lease_owner = 'a'", db.schema.q()))[0].as<int>();
         tx.exec("ROLLBACK");
-        const auto plan = nlohmann::json::parse(text)[0]["Plan"];
         const auto nodes = plan_nodes(plan);
         CAPTURE(nodes);
         CHECK(leased == leases);
@@ -808,20 +812,15 @@ void run_complete_case(const std::string& state_sql) {
         attempts.emplace_back("1");
         tids.push_back(fmt::format("\"{}\"", row[1].c_str()));
     }
-    const auto args = [&] {
-        std::string a = fmt::format("'{{{}}}', '{{{}}}', 'a'", fmt::join(ids, ","), fmt::join(attempts, ","));
-        if (pg::q::complete::params.size() == 4) a += fmt::format(", '{{{}}}'", fmt::join(tids, ","));
-        return a;
-    };
+    const auto args = fmt::format("'{{{}}}', '{{{}}}', 'a', '{{{}}}'", fmt::join(ids, ","), fmt::join(attempts, ","),
+                                  fmt::join(tids, ","));
     for (const std::string mode : {"force_custom_plan", "force_generic_plan"}) {
         CAPTURE(mode);
         tx.exec("SET plan_cache_mode = " + mode);
         tx.exec("BEGIN");
-        const auto text =
-            tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE complete(" + args() + ")")[0].as<std::string>();
+        const auto plan = analyzed_plan(tx, "EXECUTE complete(" + args + ")");
         const auto deleted = tx.exec1(fmt::format("SELECT 100000 - count(*) FROM {}.events", db.schema.q()))[0].as<int>();
         tx.exec("ROLLBACK");
-        const auto plan = nlohmann::json::parse(text)[0]["Plan"];
         const auto nodes = plan_nodes(plan);
         CAPTURE(nodes);
         CHECK(deleted == 128);
@@ -877,13 +876,11 @@ TEST_CASE("complete, planned while the outbox was small, reads only what it dele
         tids.push_back(fmt::format("\"{}\"", row[1].c_str()));
     }
     tx.exec("BEGIN");
-    const auto text = tx.exec1(fmt::format("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE complete('{{{}}}', "
-                                           "'{{{}}}', 'a', '{{{}}}')",
-                                           fmt::join(ids, ","), fmt::join(attempts, ","), fmt::join(tids, ",")))[0]
-                          .as<std::string>();
+    const auto plan = analyzed_plan(tx, fmt::format("EXECUTE complete('{{{}}}', '{{{}}}', 'a', '{{{}}}')",
+                                                    fmt::join(ids, ","), fmt::join(attempts, ","),
+                                                    fmt::join(tids, ",")));
     const auto deleted = tx.exec1(fmt::format("SELECT 100000 - count(*) FROM {}.events", db.schema.q()))[0].as<int>();
     tx.exec("ROLLBACK");
-    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
     const auto nodes = plan_nodes(plan);
     CAPTURE(nodes);
     CHECK(deleted == 16);
@@ -924,15 +921,13 @@ TEST_CASE("a busy relay's claim that leases events does not read the index entri
                         db.schema.q()));
     tx.exec(fmt::format("INSERT INTO {}.events (topic, payload) SELECT 't', '{{}}' FROM generate_series(1, 10)",
                         db.schema.q()));
-    std::string args = "'a', 60000, now() - interval '5 seconds'";
-    if (pg::q::claim_from::params.size() == 4) args += ", true";  // followed: a busy `auto` relay's claim
+    // followed: a busy `auto` relay's claim
+    const std::string args = "'a', 60000, now() - interval '5 seconds', true";
     tx.exec("BEGIN");
-    const auto text =
-        tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_from(" + args + ")")[0].as<std::string>();
+    const auto plan = analyzed_plan(tx, "EXECUTE claim_from(" + args + ")");
     const auto leased =
         tx.exec1(fmt::format("SELECT count(*) FROM {}.events WHERE lease_owner = 'a'", db.schema.q()))[0].as<int>();
     tx.exec("ROLLBACK");
-    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
     const auto nodes = plan_nodes(plan);
     CAPTURE(nodes);
     CHECK(leased == 10);
@@ -980,14 +975,11 @@ void run_claim_deliveries_case(const std::string& state) {
         CAPTURE(mode);
         tx.exec("SET plan_cache_mode = " + mode);
         tx.exec("BEGIN");
-        const auto text = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_deliveries('a', 30000, "
-                                   "'{d1}', false)")[0]
-                              .as<std::string>();
+        const auto plan = analyzed_plan(tx, "EXECUTE claim_deliveries('a', 30000, '{d1}', false)");
         const auto leased =
             tx.exec1(fmt::format("SELECT count(*) FROM {}.deliveries WHERE lease_owner = 'a'", db.schema.q()))[0]
                 .as<int>();
         tx.exec("ROLLBACK");
-        const auto plan = nlohmann::json::parse(text)[0]["Plan"];
         const auto nodes = plan_nodes(plan);
         CAPTURE(nodes);
         CHECK(leased == 128);
@@ -1081,12 +1073,9 @@ void run_single_row_case(const std::string& state) {
             CAPTURE(mode);
             tx.exec("SET plan_cache_mode = " + mode);
             tx.exec("BEGIN");
-            const auto explained = tx.exec1("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE " + c.name + "(" +
-                                            c.args + ")")[0]
-                                       .as<std::string>();
+            const auto plan = analyzed_plan(tx, "EXECUTE " + c.name + "(" + c.args + ")");
             const auto did = tx.exec1(c.check)[0].as<int>();
             tx.exec("ROLLBACK");
-            const auto plan = nlohmann::json::parse(explained)[0]["Plan"];
             const auto nodes = plan_nodes(plan);
             CAPTURE(nodes);
             CHECK(did == 1);
