@@ -185,7 +185,8 @@ int cmd_migrate(const parsed_args& args) {
     }
 }
 
-// Maps "the outbox is not there" to exit 4; other errors pass through.
+// Maps "the outbox is not there" and "older than this binary" (a column a
+// later migration adds) to exit 4; other errors pass through.
 template <typename F>
 auto with_installed_outbox(const std::string& schema, F&& f) {
     try {
@@ -197,32 +198,48 @@ auto with_installed_outbox(const std::string& schema, F&& f) {
                               fmt::format("the outbox is not installed in schema {}; run `outboxd migrate`",
                                           quote_ident(schema)));
         }
+        if (state == "42703") {
+            throw fatal_error(exit_schema_missing,
+                              fmt::format("the outbox in schema {} is older than this binary; run `outboxd migrate`",
+                                          quote_ident(schema)));
+        }
         throw;
     }
 }
 
-// Installs or removes the wake-up triggers (README "Wake-up modes"), in one
-// transaction.
-int cmd_wake_trigger(const parsed_args& args) {
+// Runs f(tx, schema) in one transaction on the configured outbox: a database
+// that cannot be reached is exit 3, an outbox that is not there exit 4.
+// Returns the schema.
+template <typename F>
+std::string in_outbox_transaction(const parsed_args& args, F&& f) {
     const auto [schema, dsn] = database_of(args);
     auto conn = connect(dsn);
-    const pg::query_book book(schema);
-    namespace q = pg::q;
-    const bool install = args.subcommand == "install";
     try {
         with_installed_outbox(schema, [&] {
             pqxx::work tx(*conn);
-            tx.exec(book.sql<q::wake_trigger_drop_events>());
-            tx.exec(book.sql<q::wake_trigger_drop_deliveries>());
-            if (install) {
-                tx.exec(book.sql<q::wake_trigger_create_events>());
-                tx.exec(book.sql<q::wake_trigger_create_deliveries>());
-            }
+            f(tx, schema);
             tx.commit();
         });
     } catch (const pqxx::broken_connection& e) {
         throw database_unavailable(e, dsn);
     }
+    return schema;
+}
+
+// Installs or removes the wake-up triggers (README "Wake-up modes"), in one
+// transaction.
+int cmd_wake_trigger(const parsed_args& args) {
+    namespace q = pg::q;
+    const bool install = args.subcommand == "install";
+    const auto schema = in_outbox_transaction(args, [&](pqxx::work& tx, const std::string& name) {
+        const pg::query_book book(name);
+        tx.exec(book.sql<q::wake_trigger_drop_events>());
+        tx.exec(book.sql<q::wake_trigger_drop_deliveries>());
+        if (install) {
+            tx.exec(book.sql<q::wake_trigger_create_events>());
+            tx.exec(book.sql<q::wake_trigger_create_deliveries>());
+        }
+    });
     log::info(install ? "wake-up trigger installed" : "wake-up trigger removed", {{"schema", schema}});
     return exit_ok;
 }
@@ -272,19 +289,11 @@ int cmd_wake_setup(const parsed_args& args) {
         fmt::print("COMMIT;\n");
         return exit_ok;
     }
-    const auto [schema, dsn] = database_of(args);
-    auto conn = connect(dsn);
-    try {
-        with_installed_outbox(schema, [&] {
-            pqxx::work tx(*conn);
-            const bool column_lists =
-                tx.exec("SELECT current_setting('server_version_num')::int >= 150000")[0][0].as<bool>();
-            for (const auto& statement : wake_setup_statements(schema, mode, column_lists)) tx.exec(statement);
-            tx.commit();
-        });
-    } catch (const pqxx::broken_connection& e) {
-        throw database_unavailable(e, dsn);
-    }
+    const auto schema = in_outbox_transaction(args, [&](pqxx::work& tx, const std::string& name) {
+        const bool column_lists =
+            tx.exec("SELECT current_setting('server_version_num')::int >= 150000")[0][0].as<bool>();
+        for (const auto& statement : wake_setup_statements(name, mode, column_lists)) tx.exec(statement);
+    });
     log::info("wake-up set up", {{"schema", schema}, {"mode", mode}});
     return exit_ok;
 }
@@ -302,32 +311,18 @@ int cmd_consume_setup(const parsed_args& args) {
         fmt::print("COMMIT;\n");
         return exit_ok;
     }
-    const auto [schema, dsn] = database_of(args);
-    auto conn = connect(dsn);
-    try {
-        with_installed_outbox(schema, [&] {
-            pqxx::work tx(*conn);
-            for (const auto& statement : pg::consume_setup_statements(schema, mode)) tx.exec(statement);
-            if (mode == "claims") {
-                const auto relays = tx.exec(pg::query_book(schema).sql<pg::q::windows_relays_alive>())[0][0]
-                                        .as<long long>();
-                if (relays > 0) {
-                    throw fatal_error(exit_db_unsuitable,
-                                      fmt::format("{} relay(s) with relay.consume = \"windows\" are running on this "
-                                                  "outbox; stop them, or restart them with relay.consume = \"claims\", "
-                                                  "then run `outboxd consume-setup claims` again",
-                                                  relays));
-                }
-            }
-            tx.commit();
-        });
-    } catch (const pqxx::broken_connection& e) {
-        throw database_unavailable(e, dsn);
-    } catch (const pqxx::undefined_column&) {
-        throw fatal_error(exit_schema_missing,
-                          fmt::format("the outbox in schema {} is older than this binary; run `outboxd migrate`",
-                                      quote_ident(schema)));
-    }
+    const auto schema = in_outbox_transaction(args, [&](pqxx::work& tx, const std::string& name) {
+        for (const auto& statement : pg::consume_setup_statements(name, mode)) tx.exec(statement);
+        if (mode != "claims") return;
+        const auto relays = tx.exec(pg::query_book(name).sql<pg::q::windows_relays_alive>())[0][0].as<long long>();
+        if (relays > 0) {
+            throw fatal_error(exit_db_unsuitable,
+                              fmt::format("{} relay(s) with relay.consume = \"windows\" are running on this outbox; "
+                                          "stop them, or restart them with relay.consume = \"claims\", then run "
+                                          "`outboxd consume-setup claims` again",
+                                          relays));
+        }
+    });
     log::info("consumption set up", {{"schema", schema}, {"mode", mode}});
     return exit_ok;
 }

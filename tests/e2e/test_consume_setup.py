@@ -154,3 +154,10 @@ def test_consume_setup_needs_one_mode(outboxd, mode):
     r = outboxd("consume-setup", *([mode] if mode else []), "--schema", "x")
     assert r.rc == 2, r
     assert "claims or windows" in r.stderr, r
+
+
+def test_consume_setup_on_an_outbox_older_than_the_binary_says_migrate(outboxd, db):
+    db.query("ALTER TABLE {s}.events DROP COLUMN txid")  # as before migration 0009
+    r = outboxd("consume-setup", "windows", "--database-url", db.url, "--schema", db.schema)
+    assert r.rc == EXIT_SCHEMA_MISSING, r
+    assert "older than this binary; run `outboxd migrate`" in r.stderr, r
