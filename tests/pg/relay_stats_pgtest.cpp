@@ -7,6 +7,7 @@
 
 #include "core/embedded_sql.hpp"
 #include "pg/producer.hpp"
+#include "pg/status.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
 
@@ -70,4 +71,34 @@ TEST_CASE("relay stats: a claim says how old each event is by the database's clo
     REQUIRE(claimed.events[0].age_at_claim);
     CHECK(*claimed.events[0].age_at_claim >= 5s);
     CHECK(*claimed.events[0].age_at_claim < 10s);
+}
+
+TEST_CASE("relay stats and status: a window event its slot's cursor has passed is delivered, though cleanup has not "
+          "deleted it yet") {
+    testing::installed db("pgt", "windows");
+    auto store = db.store("relay-a");
+    store.connect();
+    const auto passed = db.enqueue(ev());
+    db.enqueue(ev());
+    // Every slot's cursor past both (as a windows relay checkpoints them).
+    (void)db.query("WITH c AS (INSERT INTO {s}.cursors (destination, slot, snap_a, system_identifier) "
+                   "SELECT '', g, pg_current_snapshot(), (SELECT system_identifier FROM pg_control_system()) "
+                   "FROM generate_series(0, 63) g RETURNING 1) SELECT count(*) FROM c");
+    const auto settled = db.enqueue(ev());
+    const auto open = db.enqueue(ev());
+    // Inside a window that sees the last two, settled below `open`.
+    (void)db.query(fmt::format("WITH c AS (UPDATE {{s}}.cursors SET snap_b = pg_current_snapshot(), done_below = {} "
+                               "RETURNING 1) SELECT count(*) FROM c",
+                               open));
+    (void)db.query(fmt::format("WITH u AS (UPDATE {{s}}.events SET available_at = now() - interval '20 seconds' "
+                               "WHERE id IN ({}, {}) RETURNING 1) SELECT count(*) FROM u",
+                               passed, settled));
+    const auto s = store.read_stats(100);
+    CHECK(s.backlog == 1);
+    CHECK(s.oldest_pending_seconds < 20);  // not the delivered ones' age
+    const auto rows = pg::outbox_status(*db.admin, db.schema.name());
+    REQUIRE(rows.size() == 1);
+    CHECK(rows[0].pending == 1);
+    CHECK(rows[0].oldest_pending_seconds < 20);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "4");  // still there, for cleanup
 }
