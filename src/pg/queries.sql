@@ -954,6 +954,10 @@ WHERE died_at < now() - $1 * interval '1 millisecond'
 --   pending         never attempted and due now
 -- oldest_pending_seconds: how long the oldest work that is due now and not
 -- in flight has been due (since available_at, not since it was created).
+-- A window event its slot's cursor has passed (visible in its A, or settled
+-- inside its window: below done_below and visible in its B) is delivered and
+-- only waits for cleanup: not work. (An event behind such one of its key
+-- still counts as waiting_on_key until cleanup, at most a checkpoint.)
 -- last_error: the error of the group's newest waiting work that has one,
 -- e.g. that no route matches the topic.
 -- One pass over each table and hash joins: "an earlier event of its key"
@@ -979,7 +983,11 @@ WITH key_head AS (
     FROM :"schema".events e
     LEFT JOIN key_head kh ON kh.ordering_key = e.ordering_key
     LEFT JOIN keys_with_deliveries kd ON kd.ordering_key = e.ordering_key
+    LEFT JOIN :"schema".cursors wc
+           ON e.txid IS NOT NULL AND wc.destination = '' AND wc.slot = :"schema".event_slot(e.ordering_key, e.id)
     WHERE NOT e.fanned_out
+      AND NOT coalesce(pg_visible_in_snapshot(e.txid, wc.snap_a)
+                       OR (e.id < wc.done_below AND pg_visible_in_snapshot(e.txid, wc.snap_b)), false)
     UNION ALL
     SELECT e.topic, d.destination, d.event_id, d.attempts, d.available_at,
            d.lease_owner IS NOT NULL AND d.available_at > now(),
@@ -1197,10 +1205,28 @@ SELECT event_id FROM deliveries_released;
 -- rows of each; how long the oldest due work has been due (available_at
 -- <= now(): not leased, or its lease expired; the first entry of the claim
 -- index) as `status` counts it; and the schema's migration version.
-SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_out LIMIT $1) e)
+-- A window event its slot's cursor has passed is delivered, waiting for
+-- cleanup, as in `status` (one primary-key probe of cursors per row read;
+-- claims outboxes have no txid and skip it).
+SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events e
+                              LEFT JOIN :"schema".cursors wc
+                                     ON e.txid IS NOT NULL AND wc.destination = ''
+                                    AND wc.slot = :"schema".event_slot(e.ordering_key, e.id)
+                              WHERE NOT e.fanned_out
+                                AND NOT coalesce(pg_visible_in_snapshot(e.txid, wc.snap_a)
+                                                 OR (e.id < wc.done_below
+                                                     AND pg_visible_in_snapshot(e.txid, wc.snap_b)), false)
+                              LIMIT $1) e)
        + (SELECT count(*) FROM (SELECT 1 FROM :"schema".deliveries LIMIT $1) d) AS backlog,
        coalesce(extract(epoch FROM now() - least(
-           (SELECT min(available_at) FROM :"schema".events WHERE available_at <= now()),
+           (SELECT e.available_at FROM :"schema".events e
+            LEFT JOIN :"schema".cursors wc
+                   ON e.txid IS NOT NULL AND wc.destination = ''
+                  AND wc.slot = :"schema".event_slot(e.ordering_key, e.id)
+            WHERE e.available_at <= now()
+              AND NOT coalesce(pg_visible_in_snapshot(e.txid, wc.snap_a)
+                               OR (e.id < wc.done_below AND pg_visible_in_snapshot(e.txid, wc.snap_b)), false)
+            ORDER BY e.available_at LIMIT 1),
            (SELECT min(available_at) FROM :"schema".deliveries WHERE available_at <= now()))), 0)::float8
            AS oldest_pending_seconds,
        (SELECT coalesce(max(version), 0) FROM :"schema".schema_migrations) AS schema_version;
