@@ -10,8 +10,9 @@
 #                       | flat-k100 | backlog-20k | backlog-k100 | backlog-k10
 #                       (repeatable; default all but the last four; js-*: into a
 #                       JetStream stream; -kN: ordering keys over N keys)
-#   --relay NAME        outboxd | baseline | windows (repeatable, the order within a
-#                       round; default outboxd and baseline; windows: the
+#   --relay NAME        outboxd | outboxd-windows | baseline | windows (repeatable, the order within a
+#                       round; default outboxd and baseline; outboxd-windows:
+#                       outboxd with relay.consume = "windows"; windows: the
 #                       commit-ordered windows prototype, bench/windows/)
 #   --quick             shortened scenarios for a smoke run (~2 minutes)
 #   --concurrency N     passed to `outboxd run` (default: outboxd's own)
