@@ -1046,6 +1046,54 @@ TEST_CASE("windows: the read's probe for an earlier event of the key from before
     CHECK(buffers < 600);
 }
 
+namespace {
+// Executions of index scans on `index` anywhere in an EXPLAIN (ANALYZE, FORMAT JSON) plan.
+double loops_on(const nlohmann::json& plan, const std::string& index) {
+    double loops = plan.value("Index Name", std::string()) == index ? plan.value("Actual Loops", 0.0) : 0.0;
+    if (plan.contains("Plans")) {
+        for (const auto& child : plan["Plans"]) loops += loops_on(child, index);
+    }
+    return loops;
+}
+}  // namespace
+
+TEST_CASE("windows: the read probes whether a key is pending once per key of its page, not once per keyed event") {
+    installed db("win");
+    const std::string a = snapshot_now(*db.admin);
+    // A page of 2,000 events over 10 keys, and a delivery owed for key k3
+    // (its events are pending, the others' not).
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', 'k' || g % 10)) FROM generate_series(1, 2000) g");
+    (void)db.query("INSERT INTO {s}.deliveries (event_id, destination, ordering_key) "
+                   "SELECT min(id), 'hooks', 'k3' FROM {s}.events RETURNING 1");
+    {
+        pqxx::nontransaction tx(*db.admin);
+        tx.exec("ANALYZE " + db.schema.q() + ".events");
+    }
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    REQUIRE_FALSE(sql.empty());
+    auto c = testing::connect();
+    pqxx::nontransaction tx(*c);
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    // As the store runs it: unprepared, so a custom plan.
+    const auto text = tx.exec_params("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, a, nullptr, 0, nullptr, 100000,
+                                     "{hooks}")[0][0]
+                          .as<std::string>();
+    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+    CAPTURE(text);
+    CHECK(loops_on(plan, "deliveries_ordering_key_idx") <= 10);
+    CHECK(loops_on(plan, "events_pre_window_key_idx") <= 10);
+
+    const auto w = db.store("relay-a").read_window(a, std::nullopt, 0, std::nullopt, 100000, {});
+    REQUIRE(w.events.size() == 2000);
+    for (const auto& e : w.events) {
+        CAPTURE(e.id);
+        CHECK(e.key_pending == (e.ordering_key == "k3"));
+    }
+}
+
 TEST_CASE("windows: a relay session does not JIT-compile the read of a large window") {
     installed db("win");
     const std::string a = snapshot_now(*db.admin);
