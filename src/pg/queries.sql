@@ -1181,7 +1181,10 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- key_pending: its key has deliveries waiting (as the claim judges it), or
 -- an earlier event of its key from before windows (txid NULL) is still to
 -- be sent; then the relay parks it behind them. Both are computed for the
--- page only (after the LIMIT), the bodies by ctid, a TID scan of the row
+-- page only (after the LIMIT): key_pending once per key of the page (`k`; a
+-- page can hold thousands of events of a few keys; a scalar subquery, not
+-- EXISTS, which the planner may turn into a hash of all of `deliveries`),
+-- the bodies by ctid, a TID scan of the row
 -- version `w` read (LIMIT 1 keeps it a nested loop: a custom plan otherwise
 -- hash-joined the page with a scan of the whole table). Once per call: whether deliveries to `destinations`
 -- (the relay's) are due, and milliseconds until the earliest one that is
@@ -1208,20 +1211,25 @@ WITH s AS MATERIALIZED (
     WHERE $4::int[] IS NULL OR :"schema".event_slot(w.ordering_key, w.id) = ANY ($4::int[])
     ORDER BY w.id
     LIMIT $5::bigint
+), k AS MATERIALIZED (
+    SELECT pk.ordering_key,
+           coalesce((SELECT true FROM :"schema".deliveries d WHERE d.ordering_key = pk.ordering_key LIMIT 1),
+                    false) AS delivering,
+           (SELECT min(o.id) FROM :"schema".events o
+            WHERE o.ordering_key = pk.ordering_key AND o.txid IS NULL AND NOT o.fanned_out) AS first_pre_window
+    FROM (SELECT DISTINCT p.ordering_key FROM p WHERE p.ordering_key IS NOT NULL) AS pk
 ), page AS (
     SELECT array_agg(p.id) AS ids, array_agg(p.ordering_key) AS ordering_keys, array_agg(p.slot) AS slots,
            array_agg((extract(epoch FROM p.available_at) * 1000000)::bigint) AS available_at_us,
-           array_agg(p.ordering_key IS NOT NULL AND (
-               EXISTS (SELECT 1 FROM :"schema".deliveries d WHERE d.ordering_key = p.ordering_key)
-               OR EXISTS (SELECT 1 FROM :"schema".events o
-                          WHERE o.ordering_key = p.ordering_key AND o.txid IS NULL AND NOT o.fanned_out
-                            AND o.id < p.id))) AS key_pending,
+           array_agg(p.key_pending) AS key_pending,
            array_agg(e.topic) AS topics, array_agg(e.payload::text) AS payloads,
            array_agg(e.headers::text) AS headers,
            array_agg((extract(epoch FROM e.created_at) * 1000000)::bigint) AS created_at_us,
            array_agg(array_to_string(e.destinations, ',')) AS destinations,
            array_agg((extract(epoch FROM now() - e.created_at) * 1000000)::bigint) AS age_us
-    FROM (SELECT * FROM p ORDER BY p.id) AS p
+    FROM (SELECT p.*, coalesce(k.delivering OR k.first_pre_window < p.id, false) AS key_pending
+          FROM p LEFT JOIN k ON k.ordering_key = p.ordering_key
+          ORDER BY p.id) AS p
     CROSS JOIN LATERAL (SELECT e.topic, e.payload, e.headers, e.created_at, e.destinations
                         FROM :"schema".events e WHERE e.ctid = p.tid LIMIT 1) AS e
 )
