@@ -299,6 +299,12 @@ class Bench:
             exes[name] = bin_dir / src.name
             shutil.copy2(src, exes[name])
         self.outboxd = exes["outboxd"]
+        # --outboxd-windows-bin: another build for outboxd-windows (a before/after
+        # pair interleaved in one invocation, with OUTBOXD_CONSUME=windows for both).
+        self.outboxd_windows = self.outboxd
+        if args.outboxd_windows_bin:
+            self.outboxd_windows = bin_dir / "outboxd-windows-bin"
+            shutil.copy2(args.outboxd_windows_bin, self.outboxd_windows)
         self.producer = exes["producer"]
         self.baseline = exes["baseline"]
         self.windows = exes.get("windows")
@@ -335,7 +341,8 @@ class Bench:
             # (relay.consume = "windows"), so one invocation interleaves both modes.
             if relay == "outboxd-windows":
                 env = dict(os.environ, OUTBOXD_CONSUME="windows")
-            cmd = [str(self.outboxd), "--database-url", self.outboxd_url(), "--schema", self.args.schema,
+            exe = self.outboxd_windows if relay == "outboxd-windows" else self.outboxd
+            cmd = [str(exe), "--database-url", self.outboxd_url(), "--schema", self.args.schema,
                    "--log-level", os.environ.get("OUTBOXD_BENCH_LOG_LEVEL", "warn"), "run"]
             if scenario in JETSTREAM:
                 config = self.raw / "jetstream.toml"
@@ -617,6 +624,8 @@ def main() -> int:
     ap.add_argument("--relay", action="append", choices=["outboxd", "outboxd-windows", "baseline", "windows"],
                     help="run this relay (repeatable, in this order within a round); default: outboxd, baseline; "
                          "outboxd-windows: outboxd with relay.consume = \"windows\"")
+    ap.add_argument("--outboxd-windows-bin", help="the outboxd binary relay outboxd-windows runs (default: "
+                    "build/outboxd), e.g. a build from before a change")
     ap.add_argument("--concurrency", type=int, help="passed to `outboxd run --concurrency`")
     ap.add_argument("--receiver-threads", type=int, default=1)
     ap.add_argument("--outboxd-dsn-params", default="",
