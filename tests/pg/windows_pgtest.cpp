@@ -1094,6 +1094,80 @@ TEST_CASE("windows: the read probes whether a key is pending once per key of its
     }
 }
 
+namespace {
+// Rows the scans of `relation` returned, over all their executions.
+double rows_from(const nlohmann::json& plan, const std::string& relation) {
+    double rows = plan.value("Relation Name", std::string()) == relation
+                      ? plan.value("Actual Rows", 0.0) * plan.value("Actual Loops", 1.0)
+                      : 0.0;
+    if (plan.contains("Plans")) {
+        for (const auto& child : plan["Plans"]) rows += rows_from(child, relation);
+    }
+    return rows;
+}
+}  // namespace
+
+TEST_CASE("windows: a later page of a large window reads about its own page, not the rest of the window; chunked "
+          "reads by slot give the one read's ids") {
+    installed db("win");
+    auto reader = db.store("reader");
+    const std::string a = snapshot_now(*db.admin);
+    session late(db);
+    late.exec("BEGIN");
+    const auto e_late = late.enqueue();  // committed after B: not in the window, its id among the window's
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
+                   "FROM generate_series(1, 20000) g");
+    const std::string b = snapshot_now(*db.admin);
+    late.exec("COMMIT");
+    {
+        pqxx::nontransaction tx(*db.admin);
+        tx.exec("ANALYZE " + db.schema.q() + ".events");
+    }
+    const auto whole = reader.read_window(a, b, 0, std::nullopt, 1000000, {});
+    REQUIRE(whole.events.size() == 20000);
+    const auto from = whole.events[10000].id;
+
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    REQUIRE_FALSE(sql.empty());
+    auto c = testing::connect();
+    pqxx::nontransaction tx(*c);
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    // As the store runs it: unprepared, so a custom plan. A page of 500 from
+    // the middle of the window.
+    const auto text = tx.exec_params("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, a, b, from, nullptr, 500,
+                                     "{hooks}")[0][0]
+                          .as<std::string>();
+    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+    CAPTURE(text);
+    CHECK(rows_from(plan, "events") <= 4 * 500);
+
+    // Two events of the window fanned out: left out, as from one read.
+    (void)db.query(fmt::format("WITH u AS (UPDATE {{s}}.events SET fanned_out = true WHERE id IN ({}, {}) "
+                               "RETURNING 1) SELECT count(*) FROM u",
+                               whole.events[3].id, whole.events[15000].id));
+    for (const auto& slots : {std::optional<std::vector<int>>{}, std::optional<std::vector<int>>{{1, 5, 9, 60}}}) {
+        std::vector<std::int64_t> one;
+        for (const auto& e : reader.read_window(a, b, 0, slots, 1000000, {}).events) one.push_back(e.id);
+        CHECK(std::find(one.begin(), one.end(), e_late) == one.end());
+        for (const std::size_t chunk : {7UL, 499UL, 5000UL}) {
+            CAPTURE(chunk);
+            CAPTURE(slots.has_value());
+            std::vector<std::int64_t> chunked;
+            std::int64_t next = 0;
+            for (;;) {
+                const auto w = reader.read_window(a, b, next, slots, chunk, {});
+                for (const auto& e : w.events) chunked.push_back(e.id);
+                if (w.events.size() < chunk) break;
+                next = w.events.back().id + 1;
+            }
+            CHECK(chunked == one);
+        }
+    }
+}
+
 TEST_CASE("windows: a relay session does not JIT-compile the read of a large window") {
     installed db("win");
     const std::string a = snapshot_now(*db.admin);
