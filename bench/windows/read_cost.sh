@@ -10,7 +10,8 @@
 # before windows) and deliveries_due for destination 'hooks'.
 #   bench/windows/read_cost.sh URL
 # BEHIND=N (default 200000): the older events; KEYED_EVERY=N (default 2):
-# every Nth event keyed (1: all, as bench/run.sh's backlog-k100).
+# every Nth event keyed (1: all, as bench/run.sh's backlog-k100); QUERIES=FILE:
+# another version of src/pg/queries.sql.
 set -euo pipefail
 url=$1
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -34,7 +35,7 @@ b=$(psql_ -Atc "SELECT pg_current_snapshot()")
 psql_ -c "VACUUM ANALYZE $s.events"
 
 # The statement, for this schema.
-sql=$(awk '/^-- name: read_window$/{on=1; next} on && /^-- name:/{exit} on && !/^--/' "$root/src/pg/queries.sql" |
+sql=$(awk '/^-- name: read_window$/{on=1; next} on && /^-- name:/{exit} on && !/^--/' "${QUERIES:-$root/src/pg/queries.sql}" |
       sed "s/:\"schema\"/$s/g" | sed '/^$/d')
 sql=${sql%;}
 
@@ -66,10 +67,11 @@ for g in 0 1; do
   measure "$kind, 32 slots" "'{$half}'" $g
   measure "$kind, 1 slot" "'{7}'" $g
 done
-# Chunks of 1,000 (same A and B): the first one, and the last one (done_below
-# = the 19,001st id): each re-walks the window's txid range.
+# Chunks of 1,000 (same A and B): the first one, one from the middle and the
+# last one (done_below = the 10,001st and 19,001st id of the window).
 measure "custom, chunk 1000, first" "NULL" 0 0 1000
-measure "custom, chunk 1000, last" "NULL" 0 219001 1000
+measure "custom, chunk 1000, middle" "NULL" 0 $((behind + 10001)) 1000
+measure "custom, chunk 1000, last" "NULL" 0 $((behind + 19001)) 1000
 echo "plan (custom, as the relay runs it, no filter):"
 psql_ -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) $(echo "$sql" | sed "s/\$1::pg_snapshot/'$a'::pg_snapshot/; s/\$2::pg_snapshot/'$b'::pg_snapshot/; s/\$3::bigint/0::bigint/g; s/\$4::int\[\]/NULL::int[]/g; s/\$5::bigint/1000000::bigint/; s/\$6::text\[\]/'{hooks}'::text[]/")"
 echo "plan (generic, no filter):"
