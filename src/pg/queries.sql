@@ -1174,6 +1174,13 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- are invisible to the statement. The window is materialized before the
 -- ORDER BY ... LIMIT, so the planner cannot walk the primary key in id order
 -- instead, through every event that is not in the window.
+-- A later page (done_below > 0) walks the primary key first, but only two
+-- pages of rows from done_below (`walk`), and keeps the window's events
+-- among them (`walked`: not visible in A, visible in B, which is the same
+-- membership): the rest of a window being drained is mostly there, and
+-- reading it from txids would cost every page the rest of the window
+-- again. The txid reads run only when the walk neither filled the page nor
+-- reached the table's end (`rest`), and then only above the last id walked.
 -- Events fanned out are left out: an earlier read parked them in
 -- `deliveries`, which owes them now (read again after a restart from an
 -- older checkpoint, they would be sent a second time as fresh).
@@ -1191,19 +1198,41 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- not due yet (as the claim's next_due_ms, over deliveries only).
 WITH s AS MATERIALIZED (
     SELECT $1::pg_snapshot AS a, coalesce($2::pg_snapshot, pg_current_snapshot()) AS b
+), walk AS MATERIALIZED (
+    SELECT e.id, e.ordering_key, e.available_at, e.ctid AS tid, e.txid, e.fanned_out
+    FROM :"schema".events e
+    WHERE e.id >= $3::bigint AND $3::bigint > 0
+    ORDER BY e.id
+    LIMIT 2 * $5::bigint
+), walked AS MATERIALIZED (
+    SELECT k.id, k.ordering_key, k.available_at, k.tid
+    FROM s, walk k
+    WHERE pg_visible_in_snapshot(k.txid, s.b) AND NOT pg_visible_in_snapshot(k.txid, s.a)
+      AND NOT k.fanned_out
+), rest AS MATERIALIZED (
+    SELECT $3::bigint = 0
+           OR ((SELECT count(*) FROM walk) = 2 * $5::bigint
+               AND (SELECT count(*) FROM walked k
+                    WHERE $4::int[] IS NULL OR :"schema".event_slot(k.ordering_key, k.id) = ANY ($4::int[]))
+                   < $5::bigint) AS needed,
+           coalesce((SELECT max(k.id) FROM walk k), $3::bigint - 1) AS after_id
 ), w AS MATERIALIZED (
-    SELECT e.id, e.ordering_key, e.available_at, e.ctid AS tid
+    SELECT k.id, k.ordering_key, k.available_at, k.tid FROM walked k
+    UNION ALL
+    SELECT e.id, e.ordering_key, e.available_at, e.ctid
     FROM s, :"schema".events e
-    WHERE e.txid >= pg_snapshot_xmax(s.a) AND e.txid < pg_snapshot_xmax(s.b)
+    WHERE (SELECT r.needed FROM rest r)
+      AND e.txid >= pg_snapshot_xmax(s.a) AND e.txid < pg_snapshot_xmax(s.b)
       AND pg_visible_in_snapshot(e.txid, s.b)
-      AND e.id >= $3::bigint
+      AND e.id > (SELECT r.after_id FROM rest r)
       AND NOT e.fanned_out
     UNION ALL
     SELECT e.id, e.ordering_key, e.available_at, e.ctid
     FROM s, pg_snapshot_xip(s.a) AS x(txid)
     JOIN :"schema".events e ON e.txid = x.txid
-    WHERE pg_visible_in_snapshot(x.txid, s.b)
-      AND e.id >= $3::bigint
+    WHERE (SELECT r.needed FROM rest r)
+      AND pg_visible_in_snapshot(x.txid, s.b)
+      AND e.id > (SELECT r.after_id FROM rest r)
       AND NOT e.fanned_out
 ), p AS MATERIALIZED (
     SELECT w.id, w.ordering_key, :"schema".event_slot(w.ordering_key, w.id) AS slot, w.available_at, w.tid
