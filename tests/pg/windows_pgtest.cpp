@@ -1144,6 +1144,16 @@ TEST_CASE("windows: a later page of a large window reads about its own page, not
     CAPTURE(text);
     CHECK(rows_from(plan, "events") <= 4 * 500);
 
+    // The first page of the next window, 10 events behind these 20,001:
+    // read from txids, not by walking the table.
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
+                   "FROM generate_series(1, 10) g");
+    const auto next_text = tx.exec_params("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, b, nullptr, 0, nullptr,
+                                          8192, "{hooks}")[0][0]
+                               .as<std::string>();
+    CAPTURE(next_text);
+    CHECK(rows_from(nlohmann::json::parse(next_text)[0]["Plan"], "events") <= 4 * 10);
+
     // Two events of the window fanned out: left out, as from one read.
     (void)db.query(fmt::format("WITH u AS (UPDATE {{s}}.events SET fanned_out = true WHERE id IN ({}, {}) "
                                "RETURNING 1) SELECT count(*) FROM u",
