@@ -1170,7 +1170,9 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- which a long transaction pins: transactions that began between the
 -- snapshots (txid from xmax(A) to xmax(B), a range of events_txid_idx) that
 -- B sees finished, plus those A saw running (xip(A), equality probes) that
--- B sees finished. Aborted ones pass pg_visible_in_snapshot, but their rows
+-- B sees finished. The probes are a LATERAL subquery kept apart (OFFSET 0):
+-- as a join, the planner hashed xip(A) against every row of the table
+-- (one transaction's events counted as half the table after a bulk insert). Aborted ones pass pg_visible_in_snapshot, but their rows
 -- are invisible to the statement. The window is materialized before the
 -- ORDER BY ... LIMIT, so the planner cannot walk the primary key in id order
 -- instead, through every event that is not in the window.
@@ -1179,8 +1181,12 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- among them (`walked`: not visible in A, visible in B, which is the same
 -- membership): the rest of a window being drained is mostly there, and
 -- reading it from txids would cost every page the rest of the window
--- again. The txid reads run only when the walk neither filled the page nor
--- reached the table's end (`rest`), and then only above the last id walked.
+-- again. The txid reads (`tail`, as for a first page) run only when the
+-- walk neither filled the page nor reached the table's end (`rest`).
+-- Their done_below is `id + 0`, no index condition: with `id >= $3` the
+-- relay's generic plan (store::plan_once_settings: no bitmap scans)
+-- walked events_pkey from done_below through the whole table for both
+-- parts, the txids only a filter.
 -- Events fanned out are left out: an earlier read parked them in
 -- `deliveries`, which owes them now (read again after a restart from an
 -- older checkpoint, they would be sent a second time as fresh).
@@ -1216,24 +1222,27 @@ WITH s AS MATERIALIZED (
                     WHERE $4::int[] IS NULL OR :"schema".event_slot(k.ordering_key, k.id) = ANY ($4::int[]))
                    < $5::bigint) AS needed,
            coalesce((SELECT max(k.id) FROM walk k), $3::bigint - 1) AS after_id
+), tail AS MATERIALIZED (
+    SELECT e.id, e.ordering_key, e.available_at, e.ctid AS tid
+    FROM s, :"schema".events e
+    WHERE e.txid >= pg_snapshot_xmax(s.a) AND e.txid < pg_snapshot_xmax(s.b)
+      AND pg_visible_in_snapshot(e.txid, s.b)
+      AND e.id + 0 >= $3::bigint
+      AND NOT e.fanned_out
+    UNION ALL
+    SELECT e.id, e.ordering_key, e.available_at, e.tid
+    FROM s, pg_snapshot_xip(s.a) AS x(txid)
+    CROSS JOIN LATERAL (SELECT e.id, e.ordering_key, e.available_at, e.ctid AS tid
+                        FROM :"schema".events e
+                        WHERE e.txid = x.txid AND e.id + 0 >= $3::bigint AND NOT e.fanned_out
+                        OFFSET 0) AS e
+    WHERE pg_visible_in_snapshot(x.txid, s.b)
 ), w AS MATERIALIZED (
     SELECT k.id, k.ordering_key, k.available_at, k.tid FROM walked k
     UNION ALL
-    SELECT e.id, e.ordering_key, e.available_at, e.ctid
-    FROM s, :"schema".events e
-    WHERE (SELECT r.needed FROM rest r)
-      AND e.txid >= pg_snapshot_xmax(s.a) AND e.txid < pg_snapshot_xmax(s.b)
-      AND pg_visible_in_snapshot(e.txid, s.b)
-      AND e.id > (SELECT r.after_id FROM rest r)
-      AND NOT e.fanned_out
-    UNION ALL
-    SELECT e.id, e.ordering_key, e.available_at, e.ctid
-    FROM s, pg_snapshot_xip(s.a) AS x(txid)
-    JOIN :"schema".events e ON e.txid = x.txid
-    WHERE (SELECT r.needed FROM rest r)
-      AND pg_visible_in_snapshot(x.txid, s.b)
-      AND e.id > (SELECT r.after_id FROM rest r)
-      AND NOT e.fanned_out
+    SELECT t.id, t.ordering_key, t.available_at, t.tid
+    FROM tail t
+    WHERE (SELECT r.needed FROM rest r) AND t.id > (SELECT r.after_id FROM rest r)
 ), p AS MATERIALIZED (
     SELECT w.id, w.ordering_key, :"schema".event_slot(w.ordering_key, w.id) AS slot, w.available_at, w.tid
     FROM w
