@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -348,6 +349,31 @@ TEST_CASE("windows: the read returns B, both xmaxes and the server's time; the s
           scalar(*db.admin, "SELECT system_identifier FROM pg_control_system()"));
     CHECK(check_window({w.b_xmax, server.system_identifier}, server) == window_verdict::fine);
     CHECK(check_window({server.next_xid + 1, server.system_identifier}, server) == window_verdict::xid_regression);
+}
+
+TEST_CASE("windows: an event the read sees committed is due by the read's time, though it began after the read's "
+          "statement did") {
+    installed db("win");
+    const std::string a = snapshot_now(*db.admin);
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    REQUIRE_FALSE(sql.empty());
+    while (!sql.empty() && (sql.back() == ';' || std::isspace(static_cast<unsigned char>(sql.back())))) sql.pop_back();
+    // The read's now() is taken before its snapshot (a statement's parse and
+    // plan come between them; here, as a transaction's now(), a whole
+    // statement earlier). An event whose transaction began in between and
+    // committed before the snapshot carries an available_at after that now().
+    auto c = testing::connect();
+    pqxx::work tx(*c);
+    (void)tx.exec("SELECT now()");
+    const auto id = db.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = std::nullopt,
+                                             .idempotency_key = std::nullopt});
+    const auto row = tx.exec_params1("WITH r AS (" + sql + ") SELECT r.ids[1], r.available_at_us[1], r.now_us FROM r",
+                                     a, nullptr, 0, nullptr, 10, "{hooks}");
+    REQUIRE(row[0].as<std::int64_t>() == id);
+    CHECK(row[1].as<std::int64_t>() <= row[2].as<std::int64_t>());
 }
 
 TEST_CASE("windows: ordering keys that need quoting in an array come back as written") {
