@@ -1164,8 +1164,8 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- Always one row, the events as parallel arrays built in one pass over the
 -- sorted page, so in id order (the store checks it) (ids empty: an empty
 -- window, whose B still moves A), with B, both xmaxes (to detect an xid
--- regression) and the statement's now() (to judge available_at in the
--- database's time).
+-- regression) and the server's time after the snapshot (to judge
+-- available_at in the database's time).
 -- Membership as PgQ computes it, without ever bounding a scan by xmin(A),
 -- which a long transaction pins: transactions that began between the
 -- snapshots (txid from xmax(A) to xmax(B), a range of events_txid_idx) that
@@ -1204,6 +1204,8 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events WHERE NOT fanned_ou
 -- not due yet (as the claim's next_due_ms, over deliveries only).
 WITH s AS MATERIALIZED (
     SELECT $1::pg_snapshot AS a, coalesce($2::pg_snapshot, pg_current_snapshot()) AS b
+), clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
 ), walk AS MATERIALIZED (
     SELECT e.id, e.ordering_key, e.available_at, e.ctid AS tid, e.txid, e.fanned_out
     FROM :"schema".events e
@@ -1264,7 +1266,7 @@ WITH s AS MATERIALIZED (
            array_agg(e.headers::text) AS headers,
            array_agg((extract(epoch FROM e.created_at) * 1000000)::bigint) AS created_at_us,
            array_agg(array_to_string(e.destinations, ',')) AS destinations,
-           array_agg((extract(epoch FROM now() - e.created_at) * 1000000)::bigint) AS age_us
+           array_agg((extract(epoch FROM (SELECT c.at FROM clock c) - e.created_at) * 1000000)::bigint) AS age_us
     FROM (SELECT p.*, coalesce(k.delivering OR k.first_pre_window < p.id, false) AS key_pending
           FROM p LEFT JOIN k ON k.ordering_key = p.ordering_key
           ORDER BY p.id) AS p
@@ -1274,7 +1276,9 @@ WITH s AS MATERIALIZED (
 SELECT s.b::text AS snap_b,
        pg_snapshot_xmax(s.a)::text AS a_xmax,
        pg_snapshot_xmax(s.b)::text AS b_xmax,
-       (extract(epoch FROM now()) * 1000000)::bigint AS now_us,
+       -- clock_timestamp() once (`clock`), not now(): read after the
+       -- snapshot, so every event it sees committed without a delay is due.
+       (extract(epoch FROM (SELECT c.at FROM clock c)) * 1000000)::bigint AS now_us,
        coalesce(page.ids, '{}') AS ids,
        coalesce(page.ordering_keys, '{}') AS ordering_keys,
        coalesce(page.slots, '{}') AS slots,
