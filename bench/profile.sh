@@ -87,7 +87,7 @@ psql -X "$url" -c "
          round(((total_plan_time + total_exec_time) * 1000 / $n)::numeric, 1) AS us_per_event,
          left(regexp_replace(query, '\s+', ' ', 'g'), 60) AS statement
   FROM pg_stat_statements
-  WHERE calls >= ${MIN_CALLS:-11} AND query NOT LIKE '%count(*)%'
+  WHERE calls >= ${MIN_CALLS:-11} AND query NOT LIKE 'SELECT count(*) FROM outbox.events%'
   ORDER BY total_plan_time + total_exec_time DESC LIMIT 8"
 if [[ $mode == paced ]]; then
   # The relay's side of one event's way, from its debug log (medians):
