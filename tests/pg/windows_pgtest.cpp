@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -1218,6 +1219,47 @@ TEST_CASE("windows: a later page of a large window reads about its own page, not
             }
             CHECK(chunked == one);
         }
+    }
+}
+
+TEST_CASE("windows: the relay's prepared window read, planned on an empty outbox, reads only its window once the "
+          "outbox holds 20,000 events") {
+    installed db("win");
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    REQUIRE_FALSE(sql.empty());
+    // The claim session's settings; its generic plan is made at the first
+    // call and kept (the store prepares read_window).
+    auto c = testing::connect();
+    pqxx::nontransaction tx(*c);
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
+    tx.exec("PREPARE rw(pg_snapshot, pg_snapshot, bigint, int[], bigint, text[]) AS " + sql);
+    const auto execute = [&](const std::string& a, std::int64_t after, std::int64_t limit) {
+        return fmt::format("EXECUTE rw({}, NULL, {}, NULL, {}, '{{hooks}}')", tx.quote(a), after, limit);
+    };
+    const std::string empty = snapshot_now(*db.admin);
+    (void)tx.exec(execute(empty, 0, 8192));
+
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
+                   "FROM generate_series(1, 20000) g");
+    session late(db);
+    late.exec("BEGIN");
+    (void)late.enqueue();  // running at the next A, committed before the read: probed through xip(A)
+    const std::string a2 = snapshot_now(*db.admin);
+    late.exec("COMMIT");
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', 'k' || g % 100)) FROM generate_series(1, 10) g");
+    for (const auto& [from_a, after, limit, most] :
+         {std::tuple{a2, std::int64_t{0}, std::int64_t{8192}, 4.0 * 11},
+          std::tuple{empty, std::int64_t{0}, std::int64_t{500}, 20031.0 + 500 * 4},
+          std::tuple{empty, std::int64_t{10000}, std::int64_t{500}, 4.0 * 500}}) {
+        CAPTURE(after);
+        const auto text = tx.exec("EXPLAIN (ANALYZE, FORMAT JSON) " + execute(from_a, after, limit))[0][0]
+                              .as<std::string>();
+        CAPTURE(text);
+        CHECK(rows_from(nlohmann::json::parse(text)[0]["Plan"], "events") <= most);
     }
 }
 
