@@ -49,7 +49,7 @@ from pathlib import Path
 
 SCENARIO_ORDER = ["paced", "flat", "flat-k100", "backlog", "backlog-20k", "backlog-k100", "backlog-k10", "many", "idle",
                   "js-paced", "js-backlog"]
-RELAYS = ["outboxd", "baseline", "windows"]
+RELAYS = ["outboxd", "outboxd-windows", "baseline", "windows"]
 # Scenarios that are another one with a different load: what their numbers mean.
 KIND = {"js-paced": "paced", "js-backlog": "backlog", "flat-k100": "flat", "backlog-20k": "backlog",
         "backlog-k100": "backlog", "backlog-k10": "backlog"}
@@ -262,7 +262,7 @@ def table(metrics: list[dict], columns=COLUMNS) -> str:
             medians[relay] = {k: median_of(runs, k) for k, _, _ in columns}
             cells = [fmt(medians[relay][k], f) for k, _, f in columns]
             lines.append(f"| {scenario} | {relay} | {len(runs)} | " + " | ".join(cells) + " |")
-        for a, b in (("outboxd", "baseline"), ("windows", "outboxd")):
+        for a, b in (("outboxd", "baseline"), ("windows", "outboxd"), ("outboxd-windows", "outboxd")):
             if a in medians and b in medians:
                 cells = [fmt(ratio(medians[a][k], medians[b][k]), "{:.3g}×") for k, _, _ in columns]
                 lines.append(f"| {scenario} | **{a}/{b}** | | " + " | ".join(cells) + " |")

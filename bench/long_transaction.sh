@@ -6,6 +6,8 @@
 # RELAY windows: the commit-ordered windows prototype (bench/windows/
 # window_relay.cpp) instead of outboxd, on its own copy of the outbox
 # (schema win); its round trip is the window read (read_us of --log-reads).
+# RELAY outboxd-windows: outboxd with relay.consume = "windows" (its debug
+# log times claims of deliveries only: see the statements per 15 s below).
 #
 # Starts its own durable PostgreSQL with pg_stat_statements, the bench
 # receiver, build/outboxd (debug log) and a paced producer; after 10 s of
@@ -13,14 +15,21 @@
 # snapshot and holds it for HOLD_SECONDS. Prints per statement the mean
 # execution time over the hold, then the relay's claim round trip (claim_us
 # of its "claimed" debug lines) per 15 s from the start of the hold: median
-# and 90th percentile. Builds nothing (scripts/build.sh first). Removes its
+# and 90th percentile; then, per 15 s, the mean execution time of the
+# statements that took the most time (pg_stat_statements sampled every
+# 15 s: the window read and the claims alike). Builds nothing (scripts/build.sh first). Removes its
 # cluster on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hold=${1:-120}
 rate=${2:-300}
 relay=${3:-outboxd}
-case $relay in outboxd) schema=outbox ;; windows) schema=win ;; *) echo "RELAY is outboxd or windows" >&2; exit 2 ;; esac
+case $relay in
+  outboxd) schema=outbox; export OUTBOXD_CONSUME=claims ;;
+  outboxd-windows) schema=outbox; export OUTBOXD_CONSUME=windows ;;
+  windows) schema=win ;;
+  *) echo "RELAY is outboxd, outboxd-windows or windows" >&2; exit 2 ;;
+esac
 
 source scripts/throwaway_pg.sh
 throwaway_dir dir outboxd-longtx
@@ -58,6 +67,18 @@ pids+=($producer)
 sleep 10  # steady load first
 psql -X -q "$url" -c "SELECT pg_stat_statements_reset()" >/dev/null
 date +%s.%N >"$dir/hold_start"
+# Every 15 s from the start of the hold until the load ends: each
+# statement's calls and total execution time so far.
+(
+  for ((i = 0; i <= (hold + 20) / 15 + 1; i++)); do
+    psql -X -q -At -F $'\t' "$url" -c "
+      SELECT $i, queryid, calls, total_exec_time, left(regexp_replace(query, '\s+', ' ', 'g'), 50)
+      FROM pg_stat_statements WHERE calls > 0" >>"$dir/statements.tsv" 2>/dev/null || true
+    sleep 15
+  done
+) &
+sampler=$!
+pids+=($sampler)
 psql -X -q "$url" -c "BEGIN ISOLATION LEVEL REPEATABLE READ" -c "SELECT txid_current()" \
   -c "SELECT count(*) FROM $schema.events" -c "SELECT pg_sleep($hold)" -c "COMMIT" >/dev/null
 psql -X "$url" -c "
@@ -66,6 +87,7 @@ psql -X "$url" -c "
          left(regexp_replace(query, '\s+', ' ', 'g'), 50) AS statement
   FROM pg_stat_statements WHERE calls > 10 ORDER BY total_exec_time DESC LIMIT 4"
 wait "$producer" || true
+kill "$sampler" 2>/dev/null || true
 
 /usr/bin/python3 - "$dir" <<'PY'
 import datetime, re, sys
@@ -85,4 +107,24 @@ for k in sorted(buckets):
     v = sorted(buckets[k])
     print(f"  {k * 15:+4d}..{k * 15 + 15:+4d} s  claims {len(v):5d}  median {v[len(v) // 2]:6d} us"
           f"  p90 {v[int(len(v) * 0.9)]:6d} us")
+
+# Mean execution per call of each 15 s interval, for the 4 statements with
+# the most execution time overall.
+samples = {}
+import os
+if os.path.exists(d + "/statements.tsv"):
+    for line in open(d + "/statements.tsv"):
+        i, qid, calls, total, text = line.rstrip("\n").split("\t", 4)
+        samples.setdefault(int(i), {})[qid] = (int(calls), float(total), text)
+if samples:
+    last = samples[max(samples)]
+    top = sorted(last, key=lambda q: -last[q][1])[:4]
+    print("mean execution per call (pg_stat_statements), per 15 s from the start of the hold:")
+    for q in top:
+        print(f"  {last[q][2]}")
+        for i in sorted(samples)[1:]:
+            c1, t1, _ = samples[i].get(q, (0, 0.0, ""))
+            c0, t0, _ = samples.get(i - 1, {}).get(q, (0, 0.0, ""))
+            if c1 > c0:
+                print(f"    {(i - 1) * 15:+4d}..{i * 15:+4d} s  calls {c1 - c0:6d}  mean {(t1 - t0) * 1000 / (c1 - c0):8.0f} us")
 PY

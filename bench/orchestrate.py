@@ -165,7 +165,7 @@ class Database:
         return '"' + self.schema.replace('"', '""') + '"'
 
     def pending(self, relay: str) -> int:
-        if relay == "outboxd":
+        if relay in ("outboxd", "outboxd-windows"):
             return int(self.query(f"SELECT count(*) FROM {self.quoted_schema()}.events"))
         if relay == "windows":
             # Events its checkpointed cursor does not cover yet (it deletes
@@ -299,6 +299,12 @@ class Bench:
             exes[name] = bin_dir / src.name
             shutil.copy2(src, exes[name])
         self.outboxd = exes["outboxd"]
+        # --outboxd-windows-bin: another build for outboxd-windows (a before/after
+        # pair interleaved in one invocation, with OUTBOXD_CONSUME=windows for both).
+        self.outboxd_windows = self.outboxd
+        if args.outboxd_windows_bin:
+            self.outboxd_windows = bin_dir / "outboxd-windows-bin"
+            shutil.copy2(args.outboxd_windows_bin, self.outboxd_windows)
         self.producer = exes["producer"]
         self.baseline = exes["baseline"]
         self.windows = exes.get("windows")
@@ -329,8 +335,14 @@ class Bench:
     # -- relays
 
     def start_relay(self, relay: str, log_path: Path, scenario: str = "") -> subprocess.Popen:
-        if relay == "outboxd":
-            cmd = [str(self.outboxd), "--database-url", self.outboxd_url(), "--schema", self.args.schema,
+        env = None
+        if relay in ("outboxd", "outboxd-windows"):
+            # outboxd-windows: the same binary reading commit-ordered windows
+            # (relay.consume = "windows"), so one invocation interleaves both modes.
+            if relay == "outboxd-windows":
+                env = dict(os.environ, OUTBOXD_CONSUME="windows")
+            exe = self.outboxd_windows if relay == "outboxd-windows" else self.outboxd
+            cmd = [str(exe), "--database-url", self.outboxd_url(), "--schema", self.args.schema,
                    "--log-level", os.environ.get("OUTBOXD_BENCH_LOG_LEVEL", "warn"), "run"]
             if scenario in JETSTREAM:
                 config = self.raw / "jetstream.toml"
@@ -351,11 +363,12 @@ class Bench:
         else:
             cmd = [str(self.baseline), "--database-url", self.baseline_url(), "--url", self.receiver.url]
         with open(log_path, "w") as err:  # the child keeps its own copy of the descriptor
-            return spawn(cmd, stdout=subprocess.DEVNULL, stderr=err)
+            return spawn(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
 
     @staticmethod
     def app_name(relay: str) -> str:
-        return {"outboxd": "outboxd", "windows": "outboxd-windows"}.get(relay, "outboxd-baseline")
+        return {"outboxd": "outboxd", "outboxd-windows": "outboxd",
+                "windows": "outboxd-windows"}.get(relay, "outboxd-baseline")
 
     def wait_ready(self, relay: str, proc: subprocess.Popen) -> list[int]:
         """Until the relay is connected to the database; returns the backend
@@ -438,7 +451,8 @@ class Bench:
 
         def producer(mode_args: list[str], timeout: float) -> dict:
             # The windows prototype's events are enqueued like outboxd's, into its schema.
-            target, schema = ("outboxd", WINDOWS_SCHEMA) if relay == "windows" else (relay, self.args.schema)
+            target, schema = (("outboxd", WINDOWS_SCHEMA) if relay == "windows" else
+                              ("outboxd", self.args.schema) if relay == "outboxd-windows" else (relay, self.args.schema))
             cmd = [str(self.producer), "--database-url", self.args.database_url, "--target", target,
                    "--schema", schema, "--run", str(tag), "--out", str(self.raw / meta["producer_file"])]
             if p.get("keys"):
@@ -590,7 +604,7 @@ class Bench:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(text)
             log(f"table written to {out}")
-        lost = sum(m.get("lost") or 0 for m in metrics if m["relay"] == "outboxd")
+        lost = sum(m.get("lost") or 0 for m in metrics if m["relay"] in ("outboxd", "outboxd-windows"))
         if lost:
             log(f"outboxd lost {lost} events (see the table)")
         return 0
@@ -607,8 +621,11 @@ def main() -> int:
     ap.add_argument("--scenario", action="append", choices=ALL_SCENARIOS,
                     help="run only this scenario (repeatable); default: all but the keyed and backlog-20k ones")
     ap.add_argument("--quick", action="store_true", help="shorter scenarios, for a smoke run")
-    ap.add_argument("--relay", action="append", choices=["outboxd", "baseline", "windows"],
-                    help="run this relay (repeatable, in this order within a round); default: outboxd, baseline")
+    ap.add_argument("--relay", action="append", choices=["outboxd", "outboxd-windows", "baseline", "windows"],
+                    help="run this relay (repeatable, in this order within a round); default: outboxd, baseline; "
+                         "outboxd-windows: outboxd with relay.consume = \"windows\"")
+    ap.add_argument("--outboxd-windows-bin", help="the outboxd binary relay outboxd-windows runs (default: "
+                    "build/outboxd), e.g. a build from before a change")
     ap.add_argument("--concurrency", type=int, help="passed to `outboxd run --concurrency`")
     ap.add_argument("--receiver-threads", type=int, default=1)
     ap.add_argument("--outboxd-dsn-params", default="",

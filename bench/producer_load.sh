@@ -19,6 +19,8 @@
 #               read the declaration and do not notify
 #   auto-live   the trigger with a real `relay.wake = "auto"` relay running
 #               (stdout sink to /dev/null), deciding for itself
+#   auto-windows  auto-live with the relay reading commit-ordered windows
+#               (`relay.consume = "windows"`; not in the default modes)
 #   poll-live   no trigger, a real `relay.wake = "poll"` relay running: what
 #               a relay's own claims and deliveries cost producers here
 #   wal         no trigger, the publication (`outboxd wake-setup wal`) and a
@@ -49,7 +51,7 @@ seconds=10
 runs=3
 modes="none no-wake notify auto-busy auto-live poll-live wal"
 wal_level=logical
-usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --clients) clients=${2:?}; shift 2 ;;
@@ -122,7 +124,8 @@ set_up_mode() {
   case $1 in
     notify) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', true, 'infinity')" ;;
     auto-busy) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', false, 'infinity')" ;;
-    auto-live)
+    auto-live|auto-windows)
+      OUTBOXD_CONSUME=$([[ $1 == auto-windows ]] && echo windows || echo claims) \
       OUTBOXD_WAKE=auto "$outboxd" run --database-url "$url" --schema outbox --url stdout --log-level warn \
         >/dev/null 2>"$dir/relay.log" &
       relay_pid=$!

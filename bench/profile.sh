@@ -11,12 +11,17 @@
 # event. `paced` also prints the relay's own stages (its debug log: claim
 # queued, claim round trip, hand-off to the event loop, HTTP request).
 # Builds nothing: run bench/run.sh or scripts/build.sh first. Removes its
-# cluster on exit.
+# cluster on exit. Environment: KEYS=K (backlog: ordering keys round-robin
+# over K keys), OUTBOXD_BIN (another build), OUTBOXD_CONSUME=windows (the
+# relay reads windows), MIN_CALLS (statements called fewer times are left
+# out; default 11: a window read of a backlog is called a few times).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
-[[ $mode == backlog || $mode == paced ]] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $mode == backlog || $mode == paced ]] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 n=${2:-100000}
+keys=${KEYS:-0}
+outboxd=${OUTBOXD_BIN:-build/outboxd}
 
 source scripts/throwaway_pg.sh
 throwaway_dir dir outboxd-profile
@@ -43,17 +48,19 @@ for _ in $(seq 50); do [[ -s $dir/port ]] && break; sleep 0.1; done
 port=$(cat "$dir/port")
 
 if [[ $mode == backlog ]]; then
-  psql -X -q "$url" -c "INSERT INTO outbox.events (topic, payload) SELECT 'orders.created', '{\"order\": 1}'
-                        FROM generate_series(1, $n)" -c "VACUUM ANALYZE outbox.events"
+  psql -X -q "$url" -c "INSERT INTO outbox.events (topic, ordering_key, payload)
+                        SELECT 'orders.created', CASE WHEN $keys > 0 THEN 'k' || g % greatest($keys, 1) END,
+                               '{\"order\": 1}'
+                        FROM generate_series(1, $n) g" -c "VACUUM ANALYZE outbox.events"
   psql -X -q "$url" -c "SELECT pg_stat_statements_reset()" >/dev/null
   start=$(date +%s.%N)
-  build/outboxd --log-level warn run --database-url "$url" --url "http://127.0.0.1:$port/" &
+  "$outboxd" --log-level warn run --database-url "$url" --url "http://127.0.0.1:$port/" &
   relay_pid=$!
   while [[ $(psql -X -qtA "$url" -c 'SELECT count(*) FROM outbox.events') != 0 ]]; do sleep 0.2; done
   echo "drained $n events in $(echo "$(date +%s.%N) - $start" | bc) s"
 else
   n=1000
-  build/outboxd --log-level debug run --database-url "$url" --url "http://127.0.0.1:$port/" 2>"$dir/relay.log" &
+  "$outboxd" --log-level debug run --database-url "$url" --url "http://127.0.0.1:$port/" 2>"$dir/relay.log" &
   relay_pid=$!
   sleep 1
   psql -X -q "$url" -c "SELECT pg_stat_statements_reset()" >/dev/null
@@ -80,7 +87,7 @@ psql -X "$url" -c "
          round(((total_plan_time + total_exec_time) * 1000 / $n)::numeric, 1) AS us_per_event,
          left(regexp_replace(query, '\s+', ' ', 'g'), 60) AS statement
   FROM pg_stat_statements
-  WHERE calls > 10 AND query NOT LIKE '%count(*)%'
+  WHERE calls >= ${MIN_CALLS:-11} AND query NOT LIKE 'SELECT count(*) FROM outbox.events%'
   ORDER BY total_plan_time + total_exec_time DESC LIMIT 8"
 if [[ $mode == paced ]]; then
   # The relay's side of one event's way, from its debug log (medians):

@@ -10,8 +10,9 @@
 #                       | flat-k100 | backlog-20k | backlog-k100 | backlog-k10
 #                       (repeatable; default all but the last four; js-*: into a
 #                       JetStream stream; -kN: ordering keys over N keys)
-#   --relay NAME        outboxd | baseline | windows (repeatable, the order within a
-#                       round; default outboxd and baseline; windows: the
+#   --relay NAME        outboxd | outboxd-windows | baseline | windows (repeatable, the order within a
+#                       round; default outboxd and baseline; outboxd-windows:
+#                       outboxd with relay.consume = "windows"; windows: the
 #                       commit-ordered windows prototype, bench/windows/)
 #   --quick             shortened scenarios for a smoke run (~2 minutes)
 #   --concurrency N     passed to `outboxd run` (default: outboxd's own)
@@ -21,6 +22,10 @@
 #   --outboxd-wake MODE auto | notify | poll | wal: outboxd's relay.wake, and
 #                       `outboxd wake-setup MODE` first (poll: producers commit
 #                       trigger-less; wal: the publication)
+#   --outboxd-windows-bin PATH  the outboxd binary of relay outboxd-windows
+#                       (default build/outboxd): with OUTBOXD_CONSUME=windows in
+#                       the environment, --relay outboxd --relay outboxd-windows
+#                       interleaves two builds reading windows (before/after)
 #   --keep-raw          keep the raw per-event files (printed path under /tmp)
 #   --no-build          use the binaries already in build/
 #
@@ -41,7 +46,7 @@ build=1
 keep_raw=0
 windows=0
 py_args=()
-usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --runs) runs=${2:?--runs needs a number}; shift 2 ;;
@@ -52,6 +57,7 @@ while (($#)); do
     --receiver-threads) py_args+=(--receiver-threads "${2:?--receiver-threads needs a number}"); shift 2 ;;
     --outboxd-dsn-params) py_args+=(--outboxd-dsn-params "${2:?--outboxd-dsn-params needs a value}"); shift 2 ;;
     --outboxd-wake) export OUTBOXD_WAKE=${2:?--outboxd-wake needs a mode}; py_args+=(--outboxd-wake "$OUTBOXD_WAKE"); shift 2 ;;
+    --outboxd-windows-bin) py_args+=(--outboxd-windows-bin "$(realpath "${2:?--outboxd-windows-bin needs a path}")"); shift 2 ;;
     --keep-raw) keep_raw=1; shift ;;
     --no-build) build=0; shift ;;
     -h|--help) usage ;;

@@ -9,10 +9,15 @@
 # page's bodies and key_pending (probes of deliveries and of the events from
 # before windows) and deliveries_due for destination 'hooks'.
 #   bench/windows/read_cost.sh URL
+# BEHIND=N (default 200000): the older events; KEYED_EVERY=N (default 2):
+# every Nth event keyed (1: all, as bench/run.sh's backlog-k100); QUERIES=FILE:
+# another version of src/pg/queries.sql.
 set -euo pipefail
 url=$1
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 runs=${RUNS:-3}
+behind=${BEHIND:-200000}
+every=${KEYED_EVERY:-2}
 s=rc9
 # jit = off, as on the relay's sessions (store::relay_session_settings).
 psql_() { PGOPTIONS="-c client_min_messages=warning -c jit=off" psql -X -q -v ON_ERROR_STOP=1 "$url" "$@"; }
@@ -21,16 +26,16 @@ psql_ -c "DROP SCHEMA IF EXISTS $s CASCADE" -c "CREATE SCHEMA $s" \
   -c "CREATE TABLE $s.schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
 for f in "$root"/sql/000[1-9]_*.sql; do psql_ -v schema="$s" -1 -f "$f" >/dev/null; done
 psql_ -c "DROP TRIGGER events_notify ON $s.events"
-psql_ -c "INSERT INTO $s.events (topic, ordering_key, payload) SELECT 't', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END, '{\"n\":1}' FROM generate_series(1, 200000) g"
+psql_ -c "INSERT INTO $s.events (topic, ordering_key, payload) SELECT 't', CASE WHEN g % $every = 0 THEN 'k' || g % 100 END, '{\"n\":1}' FROM generate_series(1, $behind) g"
 a=$(psql_ -Atc "SELECT pg_current_snapshot()")
 for _ in $(seq 200); do
-  echo "INSERT INTO $s.events (topic, ordering_key, payload) SELECT 't', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END, '{\"n\":1}' FROM generate_series(1, 100) g;"
+  echo "INSERT INTO $s.events (topic, ordering_key, payload) SELECT 't', CASE WHEN g % $every = 0 THEN 'k' || g % 100 END, '{\"n\":1}' FROM generate_series(1, 100) g;"
 done | psql_ >/dev/null
 b=$(psql_ -Atc "SELECT pg_current_snapshot()")
 psql_ -c "VACUUM ANALYZE $s.events"
 
 # The statement, for this schema.
-sql=$(awk '/^-- name: read_window$/{on=1; next} on && /^-- name:/{exit} on && !/^--/' "$root/src/pg/queries.sql" |
+sql=$(awk '/^-- name: read_window$/{on=1; next} on && /^-- name:/{exit} on && !/^--/' "${QUERIES:-$root/src/pg/queries.sql}" |
       sed "s/:\"schema\"/$s/g" | sed '/^$/d')
 sql=${sql%;}
 
@@ -47,7 +52,7 @@ measure() {  # label slots(SQL) generic(0|1) [done_below limit] -> "label median
     times+=("$(echo "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Execution Time"])')")
     bufs+=("$(echo "$out" | /usr/bin/python3 -c 'import json,sys; p=json.load(sys.stdin)[0]["Plan"]; print(p["Shared Hit Blocks"]+p["Shared Read Blocks"])')")
   done
-  n=$(psql_ -Atc "SELECT least($limit, count(*)) FROM $s.events WHERE txid IS NOT NULL AND id > 200000 AND id >= $from AND ($slots::int[] IS NULL OR $s.event_slot(ordering_key, id) = ANY ($slots::int[]))")
+  n=$(psql_ -Atc "SELECT least($limit, count(*)) FROM $s.events WHERE txid IS NOT NULL AND id > $behind AND id >= $from AND ($slots::int[] IS NULL OR $s.event_slot(ordering_key, id) = ANY ($slots::int[]))")
   local med
   med=$(printf '%s\n' "${times[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
   printf '%-34s %6s events  median %7.2f ms  %5.2f us/window event  buffers %s  (ms: %s)\n' "$label" "$n" "$med" \
@@ -62,10 +67,13 @@ for g in 0 1; do
   measure "$kind, 32 slots" "'{$half}'" $g
   measure "$kind, 1 slot" "'{7}'" $g
 done
-# Chunks of 1,000 (same A and B): the first one, and the last one (done_below
-# = the 19,001st id): each re-walks the window's txid range.
+# Chunks of 1,000 (same A and B): the first one, one from the middle and the
+# last one (done_below = the 10,001st and 19,001st id of the window).
 measure "custom, chunk 1000, first" "NULL" 0 0 1000
-measure "custom, chunk 1000, last" "NULL" 0 219001 1000
+measure "custom, chunk 1000, middle" "NULL" 0 $((behind + 10001)) 1000
+measure "custom, chunk 1000, last" "NULL" 0 $((behind + 19001)) 1000
+echo "plan (custom, as the relay runs it, no filter):"
+psql_ -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) $(echo "$sql" | sed "s/\$1::pg_snapshot/'$a'::pg_snapshot/; s/\$2::pg_snapshot/'$b'::pg_snapshot/; s/\$3::bigint/0::bigint/g; s/\$4::int\[\]/NULL::int[]/g; s/\$5::bigint/1000000::bigint/; s/\$6::text\[\]/'{hooks}'::text[]/")"
 echo "plan (generic, no filter):"
 psql_ -c "SET plan_cache_mode = force_generic_plan" -c "PREPARE rw(pg_snapshot, pg_snapshot, bigint, int[], bigint, text[]) AS $sql" \
   -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE rw('$a', '$b', 0, NULL, 1000000, '{hooks}')"

@@ -1247,16 +1247,29 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events e
 -- Always one row, the events as parallel arrays built in one pass over the
 -- sorted page, so in id order (the store checks it) (ids empty: an empty
 -- window, whose B still moves A), with B, both xmaxes (to detect an xid
--- regression) and the statement's now() (to judge available_at in the
--- database's time).
+-- regression) and the server's time after the snapshot (to judge
+-- available_at in the database's time).
 -- Membership as PgQ computes it, without ever bounding a scan by xmin(A),
 -- which a long transaction pins: transactions that began between the
 -- snapshots (txid from xmax(A) to xmax(B), a range of events_txid_idx) that
 -- B sees finished, plus those A saw running (xip(A), equality probes) that
--- B sees finished. Aborted ones pass pg_visible_in_snapshot, but their rows
+-- B sees finished. The probes are a LATERAL subquery kept apart (OFFSET 0):
+-- as a join, the planner hashed xip(A) against every row of the table
+-- (one transaction's events counted as half the table after a bulk insert). Aborted ones pass pg_visible_in_snapshot, but their rows
 -- are invisible to the statement. The window is materialized before the
 -- ORDER BY ... LIMIT, so the planner cannot walk the primary key in id order
 -- instead, through every event that is not in the window.
+-- A later page (done_below > 0) walks the primary key first, but only two
+-- pages of rows from done_below (`walk`), and keeps the window's events
+-- among them (`walked`: not visible in A, visible in B, which is the same
+-- membership): the rest of a window being drained is mostly there, and
+-- reading it from txids would cost every page the rest of the window
+-- again. The txid reads (`tail`, as for a first page) run only when the
+-- walk neither filled the page nor reached the table's end (`rest`).
+-- Their done_below is `id + 0`, no index condition: with `id >= $3` the
+-- relay's generic plan (store::plan_once_settings: no bitmap scans)
+-- walked events_pkey from done_below through the whole table for both
+-- parts, the txids only a filter.
 -- Events fanned out are left out: an earlier read parked them in
 -- `deliveries`, which owes them now (read again after a restart from an
 -- older checkpoint, they would be sent a second time as fresh).
@@ -1264,54 +1277,91 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events e
 -- key_pending: its key has deliveries waiting (as the claim judges it), or
 -- an earlier event of its key from before windows (txid NULL) is still to
 -- be sent; then the relay parks it behind them. Both are computed for the
--- page only (after the LIMIT), the bodies by ctid, a TID scan of the row
+-- page only (after the LIMIT): key_pending once per key of the page (`k`; a
+-- page can hold thousands of events of a few keys; a scalar subquery, not
+-- EXISTS, which the planner may turn into a hash of all of `deliveries`),
+-- the bodies by ctid, a TID scan of the row
 -- version `w` read (LIMIT 1 keeps it a nested loop: a custom plan otherwise
 -- hash-joined the page with a scan of the whole table). Once per call: whether deliveries to `destinations`
 -- (the relay's) are due, and milliseconds until the earliest one that is
 -- not due yet (as the claim's next_due_ms, over deliveries only).
 WITH s AS MATERIALIZED (
     SELECT $1::pg_snapshot AS a, coalesce($2::pg_snapshot, pg_current_snapshot()) AS b
-), w AS MATERIALIZED (
+), clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), walk AS MATERIALIZED (
+    SELECT e.id, e.ordering_key, e.available_at, e.ctid AS tid, e.txid, e.fanned_out
+    FROM :"schema".events e
+    WHERE e.id >= $3::bigint AND $3::bigint > 0
+    ORDER BY e.id
+    LIMIT 2 * $5::bigint
+), walked AS MATERIALIZED (
+    SELECT k.id, k.ordering_key, k.available_at, k.tid
+    FROM s, walk k
+    WHERE pg_visible_in_snapshot(k.txid, s.b) AND NOT pg_visible_in_snapshot(k.txid, s.a)
+      AND NOT k.fanned_out
+), rest AS MATERIALIZED (
+    SELECT $3::bigint = 0
+           OR ((SELECT count(*) FROM walk) = 2 * $5::bigint
+               AND (SELECT count(*) FROM walked k
+                    WHERE $4::int[] IS NULL OR :"schema".event_slot(k.ordering_key, k.id) = ANY ($4::int[]))
+                   < $5::bigint) AS needed,
+           coalesce((SELECT max(k.id) FROM walk k), $3::bigint - 1) AS after_id
+), tail AS MATERIALIZED (
     SELECT e.id, e.ordering_key, e.available_at, e.ctid AS tid
     FROM s, :"schema".events e
     WHERE e.txid >= pg_snapshot_xmax(s.a) AND e.txid < pg_snapshot_xmax(s.b)
       AND pg_visible_in_snapshot(e.txid, s.b)
-      AND e.id >= $3::bigint
+      AND e.id + 0 >= $3::bigint
       AND NOT e.fanned_out
     UNION ALL
-    SELECT e.id, e.ordering_key, e.available_at, e.ctid
+    SELECT e.id, e.ordering_key, e.available_at, e.tid
     FROM s, pg_snapshot_xip(s.a) AS x(txid)
-    JOIN :"schema".events e ON e.txid = x.txid
+    CROSS JOIN LATERAL (SELECT e.id, e.ordering_key, e.available_at, e.ctid AS tid
+                        FROM :"schema".events e
+                        WHERE e.txid = x.txid AND e.id + 0 >= $3::bigint AND NOT e.fanned_out
+                        OFFSET 0) AS e
     WHERE pg_visible_in_snapshot(x.txid, s.b)
-      AND e.id >= $3::bigint
-      AND NOT e.fanned_out
+), w AS MATERIALIZED (
+    SELECT k.id, k.ordering_key, k.available_at, k.tid FROM walked k
+    UNION ALL
+    SELECT t.id, t.ordering_key, t.available_at, t.tid
+    FROM tail t
+    WHERE (SELECT r.needed FROM rest r) AND t.id > (SELECT r.after_id FROM rest r)
 ), p AS MATERIALIZED (
     SELECT w.id, w.ordering_key, :"schema".event_slot(w.ordering_key, w.id) AS slot, w.available_at, w.tid
     FROM w
     WHERE $4::int[] IS NULL OR :"schema".event_slot(w.ordering_key, w.id) = ANY ($4::int[])
     ORDER BY w.id
     LIMIT $5::bigint
+), k AS MATERIALIZED (
+    SELECT pk.ordering_key,
+           coalesce((SELECT true FROM :"schema".deliveries d WHERE d.ordering_key = pk.ordering_key LIMIT 1),
+                    false) AS delivering,
+           (SELECT min(o.id) FROM :"schema".events o
+            WHERE o.ordering_key = pk.ordering_key AND o.txid IS NULL AND NOT o.fanned_out) AS first_pre_window
+    FROM (SELECT DISTINCT p.ordering_key FROM p WHERE p.ordering_key IS NOT NULL) AS pk
 ), page AS (
     SELECT array_agg(p.id) AS ids, array_agg(p.ordering_key) AS ordering_keys, array_agg(p.slot) AS slots,
            array_agg((extract(epoch FROM p.available_at) * 1000000)::bigint) AS available_at_us,
-           array_agg(p.ordering_key IS NOT NULL AND (
-               EXISTS (SELECT 1 FROM :"schema".deliveries d WHERE d.ordering_key = p.ordering_key)
-               OR EXISTS (SELECT 1 FROM :"schema".events o
-                          WHERE o.ordering_key = p.ordering_key AND o.txid IS NULL AND NOT o.fanned_out
-                            AND o.id < p.id))) AS key_pending,
+           array_agg(p.key_pending) AS key_pending,
            array_agg(e.topic) AS topics, array_agg(e.payload::text) AS payloads,
            array_agg(e.headers::text) AS headers,
            array_agg((extract(epoch FROM e.created_at) * 1000000)::bigint) AS created_at_us,
            array_agg(array_to_string(e.destinations, ',')) AS destinations,
-           array_agg((extract(epoch FROM now() - e.created_at) * 1000000)::bigint) AS age_us
-    FROM (SELECT * FROM p ORDER BY p.id) AS p
+           array_agg((extract(epoch FROM (SELECT c.at FROM clock c) - e.created_at) * 1000000)::bigint) AS age_us
+    FROM (SELECT p.*, coalesce(k.delivering OR k.first_pre_window < p.id, false) AS key_pending
+          FROM p LEFT JOIN k ON k.ordering_key = p.ordering_key
+          ORDER BY p.id) AS p
     CROSS JOIN LATERAL (SELECT e.topic, e.payload, e.headers, e.created_at, e.destinations
                         FROM :"schema".events e WHERE e.ctid = p.tid LIMIT 1) AS e
 )
 SELECT s.b::text AS snap_b,
        pg_snapshot_xmax(s.a)::text AS a_xmax,
        pg_snapshot_xmax(s.b)::text AS b_xmax,
-       (extract(epoch FROM now()) * 1000000)::bigint AS now_us,
+       -- clock_timestamp() once (`clock`), not now(): read after the
+       -- snapshot, so every event it sees committed without a delay is due.
+       (extract(epoch FROM (SELECT c.at FROM clock c)) * 1000000)::bigint AS now_us,
        coalesce(page.ids, '{}') AS ids,
        coalesce(page.ordering_keys, '{}') AS ordering_keys,
        coalesce(page.slots, '{}') AS slots,

@@ -29,7 +29,7 @@ std::optional<std::string> status_text(std::optional<int> status) {
 using prepared = query_list<q::complete, q::reschedule, q::bury, q::release, q::fan_out, q::fan_out_deliveries,
                             q::fan_out_dead, q::lock_events, q::complete_deliveries, q::reschedule_delivery,
                             q::bury_delivery, q::delete_finished_events, q::purge_idempotency_keys,
-                            q::purge_dead_letters, q::hand_back, q::hand_back_delivery>;
+                            q::purge_dead_letters, q::hand_back, q::hand_back_delivery, q::read_window>;
 
 }  // namespace
 

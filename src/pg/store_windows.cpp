@@ -73,14 +73,16 @@ store::window_read store::read_window(const std::string& snap_a, const std::opti
             window_safety_due_ = false;
         }
         using col = q::read_window::col;
-        const auto row = exec_params(tx, queries_,
-                                     q::read_window::args{.snap_a = snap_a,
-                                                          .snap_b = nullable(snap_b),
-                                                          .done_below = done_below,
-                                                          .slots = nullable(slot_list),
-                                                          .max_events = static_cast<long long>(max_events),
-                                                          .destinations = text_array(destinations)})
-                             .one();
+        const q::read_window::args args{.snap_a = snap_a,
+                                        .snap_b = nullable(snap_b),
+                                        .done_below = done_below,
+                                        .slots = nullable(slot_list),
+                                        .max_events = static_cast<long long>(max_events),
+                                        .destinations = text_array(destinations)};
+        // Prepared (store.cpp's list): a relay reads many small windows, and
+        // parsing and planning this statement cost more than running one.
+        const auto row =
+            (transaction_pooling_ ? exec_params(tx, queries_, args) : exec_prepared(tx, args)).one();
         window_read out;
         out.snap_b = row[col::snap_b].as<std::string>();
         out.a_xmax = parse_number<std::uint64_t>(row[col::a_xmax].as<std::string>());

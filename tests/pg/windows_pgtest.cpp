@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -13,6 +14,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -348,6 +350,31 @@ TEST_CASE("windows: the read returns B, both xmaxes and the server's time; the s
           scalar(*db.admin, "SELECT system_identifier FROM pg_control_system()"));
     CHECK(check_window({w.b_xmax, server.system_identifier}, server) == window_verdict::fine);
     CHECK(check_window({server.next_xid + 1, server.system_identifier}, server) == window_verdict::xid_regression);
+}
+
+TEST_CASE("windows: an event the read sees committed is due by the read's time, though it began after the read's "
+          "statement did") {
+    installed db("win");
+    const std::string a = snapshot_now(*db.admin);
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    REQUIRE_FALSE(sql.empty());
+    while (!sql.empty() && (sql.back() == ';' || std::isspace(static_cast<unsigned char>(sql.back())))) sql.pop_back();
+    // The read's now() is taken before its snapshot (a statement's parse and
+    // plan come between them; here, as a transaction's now(), a whole
+    // statement earlier). An event whose transaction began in between and
+    // committed before the snapshot carries an available_at after that now().
+    auto c = testing::connect();
+    pqxx::work tx(*c);
+    (void)tx.exec("SELECT now()");
+    const auto id = db.enqueue(pg::new_event{.topic = "t", .payload = "{}", .ordering_key = std::nullopt,
+                                             .idempotency_key = std::nullopt});
+    const auto row = tx.exec_params1("WITH r AS (" + sql + ") SELECT r.ids[1], r.available_at_us[1], r.now_us FROM r",
+                                     a, nullptr, 0, nullptr, 10, "{hooks}");
+    REQUIRE(row[0].as<std::int64_t>() == id);
+    CHECK(row[1].as<std::int64_t>() <= row[2].as<std::int64_t>());
 }
 
 TEST_CASE("windows: ordering keys that need quoting in an array come back as written") {
@@ -1050,6 +1077,196 @@ TEST_CASE("windows: the read's probe for an earlier event of the key from before
     // A few per window event (its heap page, its body by ctid, the two
     // probes), not one per row of its key.
     CHECK(buffers < 600);
+}
+
+namespace {
+// Executions of index scans on `index` anywhere in an EXPLAIN (ANALYZE, FORMAT JSON) plan.
+double loops_on(const nlohmann::json& plan, const std::string& index) {
+    double loops = plan.value("Index Name", std::string()) == index ? plan.value("Actual Loops", 0.0) : 0.0;
+    if (plan.contains("Plans")) {
+        for (const auto& child : plan["Plans"]) loops += loops_on(child, index);
+    }
+    return loops;
+}
+}  // namespace
+
+TEST_CASE("windows: the read probes whether a key is pending once per key of its page, not once per keyed event") {
+    installed db("win");
+    const std::string a = snapshot_now(*db.admin);
+    // A page of 2,000 events over 10 keys, and a delivery owed for key k3
+    // (its events are pending, the others' not).
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', 'k' || g % 10)) FROM generate_series(1, 2000) g");
+    (void)db.query("INSERT INTO {s}.deliveries (event_id, destination, ordering_key) "
+                   "SELECT min(id), 'hooks', 'k3' FROM {s}.events RETURNING 1");
+    {
+        pqxx::nontransaction tx(*db.admin);
+        tx.exec("ANALYZE " + db.schema.q() + ".events");
+    }
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    REQUIRE_FALSE(sql.empty());
+    auto c = testing::connect();
+    pqxx::nontransaction tx(*c);
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    // As the store runs it: unprepared, so a custom plan.
+    const auto text = tx.exec_params("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, a, nullptr, 0, nullptr, 100000,
+                                     "{hooks}")[0][0]
+                          .as<std::string>();
+    const auto plan = nlohmann::json::parse(text)[0]["Plan"];
+    CAPTURE(text);
+    CHECK(loops_on(plan, "deliveries_ordering_key_idx") <= 10);
+    CHECK(loops_on(plan, "events_pre_window_key_idx") <= 10);
+
+    const auto w = db.store("relay-a").read_window(a, std::nullopt, 0, std::nullopt, 100000, {});
+    REQUIRE(w.events.size() == 2000);
+    for (const auto& e : w.events) {
+        CAPTURE(e.id);
+        CHECK(e.key_pending == (e.ordering_key == "k3"));
+    }
+}
+
+namespace {
+// Rows the scans of `relation` returned, over all their executions.
+double rows_from(const nlohmann::json& plan, const std::string& relation) {
+    double rows = plan.value("Relation Name", std::string()) == relation
+                      ? plan.value("Actual Rows", 0.0) * plan.value("Actual Loops", 1.0)
+                      : 0.0;
+    if (plan.contains("Plans")) {
+        for (const auto& child : plan["Plans"]) rows += rows_from(child, relation);
+    }
+    return rows;
+}
+}  // namespace
+
+TEST_CASE("windows: a later page of a large window reads about its own page, not the rest of the window; chunked "
+          "reads by slot give the one read's ids") {
+    installed db("win");
+    auto reader = db.store("reader");
+    const std::string a = snapshot_now(*db.admin);
+    session late(db);
+    late.exec("BEGIN");
+    const auto e_late = late.enqueue();  // committed after B: not in the window, its id among the window's
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
+                   "FROM generate_series(1, 20000) g");
+    const std::string b = snapshot_now(*db.admin);
+    late.exec("COMMIT");
+    {
+        pqxx::nontransaction tx(*db.admin);
+        tx.exec("ANALYZE " + db.schema.q() + ".events");
+    }
+    const auto whole = reader.read_window(a, b, 0, std::nullopt, 1000000, {});
+    REQUIRE(whole.events.size() == 20000);
+    const auto from = whole.events[10000].id;
+
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    REQUIRE_FALSE(sql.empty());
+    // Rows of events the read returns from its scans, the most of: a custom
+    // plan (an unnamed statement of a plain session), and the generic plan
+    // the relay's claim session makes (store::plan_once_settings).
+    const auto rows_read = [&](const std::string& from_a, const std::optional<std::string>& to_b, std::int64_t after,
+                               std::int64_t limit) {
+        double most = 0;
+        for (const bool generic : {false, true}) {
+            CAPTURE(generic);
+            auto c = testing::connect();
+            pqxx::nontransaction tx(*c);
+            for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+            std::string text;
+            if (generic) {
+                for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
+                tx.exec("PREPARE rw AS " + sql);
+                text = tx.exec(fmt::format("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE rw({}, {}, {}, NULL, {}, '{{hooks}}')",
+                                           tx.quote(from_a), to_b ? tx.quote(*to_b) : "NULL", after, limit))[0][0]
+                           .as<std::string>();
+            } else {
+                text = tx.exec_params("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, from_a, to_b, after, nullptr, limit,
+                                      "{hooks}")[0][0]
+                           .as<std::string>();
+            }
+            const auto rows = rows_from(nlohmann::json::parse(text)[0]["Plan"], "events");
+            if (rows > most) most = rows;
+            if (rows > 4 * limit) MESSAGE(text);
+        }
+        return most;
+    };
+    // A page of 500 from the middle of the window.
+    CHECK(rows_read(a, b, from, 500) <= 4 * 500);
+
+    // The first page of the next window, 10 events behind these 20,001 (and
+    // the transaction of `late`, running at b, is one of them): read from
+    // txids, not by walking the table.
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
+                   "FROM generate_series(1, 10) g");
+    CHECK(rows_read(b, std::nullopt, 0, 8192) <= 4 * 11);
+
+    // Two events of the window fanned out: left out, as from one read.
+    (void)db.query(fmt::format("WITH u AS (UPDATE {{s}}.events SET fanned_out = true WHERE id IN ({}, {}) "
+                               "RETURNING 1) SELECT count(*) FROM u",
+                               whole.events[3].id, whole.events[15000].id));
+    for (const auto& slots : {std::optional<std::vector<int>>{}, std::optional<std::vector<int>>{{1, 5, 9, 60}}}) {
+        std::vector<std::int64_t> one;
+        for (const auto& e : reader.read_window(a, b, 0, slots, 1000000, {}).events) one.push_back(e.id);
+        CHECK(std::find(one.begin(), one.end(), e_late) == one.end());
+        for (const std::size_t chunk : {7UL, 499UL, 5000UL}) {
+            CAPTURE(chunk);
+            CAPTURE(slots.has_value());
+            std::vector<std::int64_t> chunked;
+            std::int64_t next = 0;
+            for (;;) {
+                const auto w = reader.read_window(a, b, next, slots, chunk, {});
+                for (const auto& e : w.events) chunked.push_back(e.id);
+                if (w.events.size() < chunk) break;
+                next = w.events.back().id + 1;
+            }
+            CHECK(chunked == one);
+        }
+    }
+}
+
+TEST_CASE("windows: the relay's prepared window read, planned on an empty outbox, reads only its window once the "
+          "outbox holds 20,000 events") {
+    installed db("win");
+    std::string sql;
+    for (const auto& q : embedded::queries()) {
+        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
+    }
+    REQUIRE_FALSE(sql.empty());
+    // The claim session's settings; its generic plan is made at the first
+    // call and kept (the store prepares read_window).
+    auto c = testing::connect();
+    pqxx::nontransaction tx(*c);
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
+    tx.exec("PREPARE rw(pg_snapshot, pg_snapshot, bigint, int[], bigint, text[]) AS " + sql);
+    const auto execute = [&](const std::string& a, std::int64_t after, std::int64_t limit) {
+        return fmt::format("EXECUTE rw({}, NULL, {}, NULL, {}, '{{hooks}}')", tx.quote(a), after, limit);
+    };
+    const std::string empty = snapshot_now(*db.admin);
+    (void)tx.exec(execute(empty, 0, 8192));
+
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
+                   "FROM generate_series(1, 20000) g");
+    session late(db);
+    late.exec("BEGIN");
+    (void)late.enqueue();  // running at the next A, committed before the read: probed through xip(A)
+    const std::string a2 = snapshot_now(*db.admin);
+    late.exec("COMMIT");
+    (void)db.query("SELECT count({s}.enqueue('t', '{}', 'k' || g % 100)) FROM generate_series(1, 10) g");
+    for (const auto& [from_a, after, limit, most] :
+         {std::tuple{a2, std::int64_t{0}, std::int64_t{8192}, 4.0 * 11},
+          std::tuple{empty, std::int64_t{0}, std::int64_t{500}, 20031.0 + 500 * 4},
+          std::tuple{empty, std::int64_t{10000}, std::int64_t{500}, 4.0 * 500}}) {
+        CAPTURE(after);
+        const auto text = tx.exec("EXPLAIN (ANALYZE, FORMAT JSON) " + execute(from_a, after, limit))[0][0]
+                              .as<std::string>();
+        CAPTURE(text);
+        CHECK(rows_from(nlohmann::json::parse(text)[0]["Plan"], "events") <= most);
+    }
 }
 
 TEST_CASE("windows: a relay session does not JIT-compile the read of a large window") {
