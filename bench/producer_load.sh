@@ -121,6 +121,9 @@ set_up_mode() {
     wal) "$outboxd" wake-setup wal --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
     *) "$outboxd" wake-setup auto --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
   esac
+  # Only a windows relay's producers pay for the txid default and its index.
+  "$outboxd" consume-setup "$([[ $1 == auto-windows ]] && echo windows || echo claims)" \
+    --database-url "$url" --schema outbox >/dev/null
   case $1 in
     notify) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', true, 'infinity')" ;;
     auto-busy) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', false, 'infinity')" ;;

@@ -45,13 +45,15 @@ runs=3
 build=1
 keep_raw=0
 windows=0
+outboxd_windows=0
 py_args=()
 usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --runs) runs=${2:?--runs needs a number}; shift 2 ;;
     --scenario) py_args+=(--scenario "${2:?--scenario needs a name}"); shift 2 ;;
-    --relay) py_args+=(--relay "${2:?--relay needs a name}"); [[ $2 == windows ]] && windows=1; shift 2 ;;
+    --relay) py_args+=(--relay "${2:?--relay needs a name}"); [[ $2 == windows ]] && windows=1
+             [[ $2 == outboxd-windows ]] && outboxd_windows=1; shift 2 ;;
     --quick) py_args+=(--quick); shift ;;
     --concurrency) py_args+=(--concurrency "${2:?--concurrency needs a number}"); shift 2 ;;
     --receiver-threads) py_args+=(--receiver-threads "${2:?--receiver-threads needs a number}"); shift 2 ;;
@@ -105,8 +107,11 @@ build/outboxd --database-url "$url" migrate >&2
 # OUTBOXD_WAKE (the relay's wake mode, from the environment): what it needs
 # in the database, e.g. the publication for wal, no trigger for poll.
 [[ -z ${OUTBOXD_WAKE:-} ]] || build/outboxd --database-url "$url" wake-setup "$OUTBOXD_WAKE" >&2
-# OUTBOXD_CONSUME likewise: windows needs the txid default and its index.
-[[ -z ${OUTBOXD_CONSUME:-} ]] || build/outboxd --database-url "$url" consume-setup "$OUTBOXD_CONSUME" >&2
+# OUTBOXD_CONSUME likewise, and relay outboxd-windows: windows need the txid
+# default and its index (then every relay's producers pay for them).
+consume=${OUTBOXD_CONSUME:-}
+((outboxd_windows)) && consume=windows
+[[ -z $consume ]] || build/outboxd --database-url "$url" consume-setup "$consume" >&2
 build/bench/outboxd-bench-baseline --database-url "$url" --setup
 # The windows prototype's own copy of the outbox (it deletes nothing), plus
 # its txid column and cursor.

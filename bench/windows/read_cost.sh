@@ -25,6 +25,7 @@ psql_() { PGOPTIONS="-c client_min_messages=warning -c jit=off" psql -X -q -v ON
 psql_ -c "DROP SCHEMA IF EXISTS $s CASCADE" -c "CREATE SCHEMA $s" \
   -c "CREATE TABLE $s.schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
 for f in "$root"/sql/000[1-9]_*.sql; do psql_ -v schema="$s" -1 -f "$f" >/dev/null; done
+"$root/build/outboxd" consume-setup windows --print --schema "$s" | psql_ >/dev/null
 psql_ -c "DROP TRIGGER events_notify ON $s.events"
 psql_ -c "INSERT INTO $s.events (topic, ordering_key, payload) SELECT 't', CASE WHEN g % $every = 0 THEN 'k' || g % 100 END, '{\"n\":1}' FROM generate_series(1, $behind) g"
 a=$(psql_ -Atc "SELECT pg_current_snapshot()")

@@ -354,7 +354,7 @@ TEST_CASE("windows: the read returns B, both xmaxes and the server's time; the s
 
 TEST_CASE("windows: an event the read sees committed is due by the read's time, though it began after the read's "
           "statement did") {
-    installed db("win");
+    installed db("win", "windows");
     const std::string a = snapshot_now(*db.admin);
     std::string sql;
     for (const auto& q : embedded::queries()) {
@@ -1091,7 +1091,7 @@ double loops_on(const nlohmann::json& plan, const std::string& index) {
 }  // namespace
 
 TEST_CASE("windows: the read probes whether a key is pending once per key of its page, not once per keyed event") {
-    installed db("win");
+    installed db("win", "windows");
     const std::string a = snapshot_now(*db.admin);
     // A page of 2,000 events over 10 keys, and a delivery owed for key k3
     // (its events are pending, the others' not).
@@ -1142,7 +1142,7 @@ double rows_from(const nlohmann::json& plan, const std::string& relation) {
 
 TEST_CASE("windows: a later page of a large window reads about its own page, not the rest of the window; chunked "
           "reads by slot give the one read's ids") {
-    installed db("win");
+    installed db("win", "windows");
     auto reader = db.store("reader");
     const std::string a = snapshot_now(*db.admin);
     session late(db);
@@ -1230,7 +1230,7 @@ TEST_CASE("windows: a later page of a large window reads about its own page, not
 
 TEST_CASE("windows: the relay's prepared window read, planned on an empty outbox, reads only its window once the "
           "outbox holds 20,000 events") {
-    installed db("win");
+    installed db("win", "windows");
     std::string sql;
     for (const auto& q : embedded::queries()) {
         if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
