@@ -128,6 +128,11 @@ std::optional<window_read_request> window_reader::next_read(std::size_t page_siz
     if (!holding() || reading_ || queued() >= queue_limit_ || held_bytes_ >= byte_limit_ || page_size == 0) {
         return std::nullopt;
     }
+    // A read as small as the room left costs a statement for a few events
+    // (a keyed drain keeps the queue nearly full: three times the reads of
+    // an unkeyed one): wait until a page fits, or half the queue is free
+    // (the engine reads again then: relay_engine::pull_window).
+    if (queue_limit_ - queued() < std::min(page_size, queue_limit_ / 2)) return std::nullopt;
     if (!open_) {
         const auto id = seq_->open_window();
         if (resume_) {

@@ -105,8 +105,8 @@ public:
     [[nodiscard]] std::size_t slots_held() const noexcept { return epochs_.size(); }
 
     // The next read, if one may start now (none running, cursors held, room
-    // in the queue and under the byte limit); it is running from now until
-    // page_read or read_failed.
+    // in the queue for a page or for half the queue, and under the byte
+    // limit); it is running from now until page_read or read_failed.
     [[nodiscard]] std::optional<window_read_request> next_read(std::size_t page_size);
     void page_read(window_page page);
     void read_failed();
