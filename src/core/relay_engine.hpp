@@ -112,6 +112,9 @@ using steady_time = std::chrono::steady_clock::time_point;
 
 // A request slower than this gives up its delivery slot (see relay_engine).
 inline constexpr std::chrono::milliseconds slow_request_after{250};
+// How often at most the slow requests are looked at: a request gives up its
+// slot between slow_request_after and that plus this.
+inline constexpr std::chrono::milliseconds slow_check_interval{25};
 // Outcomes written by one statement batch at most; the rest go with the next.
 inline constexpr std::size_t most_outcomes_per_write = 4096;
 // While more deliveries are in flight, outcomes gather for up to this long

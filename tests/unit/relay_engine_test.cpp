@@ -816,6 +816,28 @@ TEST_CASE("relay engine: live leases off: no takeover") {
     CHECK_FALSE(h.armed(relay_timer::takeover));
 }
 
+TEST_CASE("relay engine: the slow-request watch wakes every slow_check_interval at most, not once per send") {
+    // Sends a few microseconds apart (a drain) each re-armed the timer for
+    // the next one's deadline: a timer syscall and a wake-up per send.
+    harness h(one_destination(4));
+    h.start();
+    h.claim_returns({make_event(1)});
+    const auto first = h.armed(relay_timer::slow_requests);
+    REQUIRE(first);
+    h.clock.advance(1ms);
+    h.engine.wake();
+    h.step();
+    h.claim_returns({make_event(2)});
+    REQUIRE(h.engine.sending() == 2);
+    h.clock.advance(slow_request_after - 1ms);
+    h.engine.timer_fired(relay_timer::slow_requests, first->generation);
+    h.step();
+    CHECK(h.engine.sending() == 1);  // 1 gave up its slot; 2 is 1 ms from its deadline
+    const auto next = h.armed(relay_timer::slow_requests);
+    REQUIRE(next);
+    CHECK(next->at >= h.clock.now + slow_check_interval);
+}
+
 TEST_CASE("relay engine: a slow request gives up its delivery slot; other destinations' events take it; shutdown "
           "still waits for the slow one") {
     auto cfg = one_destination(2);
