@@ -413,8 +413,10 @@ void relay_engine::give_up_slots_of_slow_requests() {
         start_claim(dispatch_.on_delivery_finished());
     }
     if (!slow_watch_.empty()) {
+        // Not at the next deadline: in a drain that is a few microseconds
+        // away, and every send would cost a timer syscall and a wake-up.
         slow_timer_armed_ = true;
-        arm(relay_timer::slow_requests, slow_watch_.front().first);
+        arm(relay_timer::slow_requests, std::max(slow_watch_.front().first, now + slow_check_interval));
     }
 }
 
