@@ -926,43 +926,51 @@ TEST_CASE("windows: cleanup deletes later an event it had to leave while it dele
     };
     const auto left = [&] { return db.query("SELECT coalesce(string_agg(id::text, ',' ORDER BY id), '') FROM {s}.events"); };
 
+    const auto some_later_ones = [&](int rounds, const std::optional<std::string>& slow_a) {
+        for (int round = 0; round < rounds; ++round) {
+            checkpoint(snapshot_now(*db.admin), slow_a);
+            (void)relay.cleanup_window_events(100);
+            (void)db.enqueue(window_event(fast_key));
+            (void)db.enqueue(window_event());
+        }
+        checkpoint(snapshot_now(*db.admin), slow_a);
+        (void)relay.cleanup_window_events(100);
+    };
+
+    // A transaction running, a row locked, every cursor moving on.
     session running(db);
     (void)running.exec("BEGIN");
     const auto of_running = running.enqueue(fast_key);  // takes its xid now
-    const auto a0 = snapshot_now(*db.admin);
-    const auto slow = db.enqueue(window_event(slow_key));
-    const auto locked = db.enqueue(window_event(fast_key));
     (void)db.enqueue(window_event(fast_key));
-    (void)db.enqueue(window_event());
+    const auto locked = db.enqueue(window_event(fast_key));
     session locker(db);
     (void)locker.exec("BEGIN");
     (void)locker.exec(fmt::format("SELECT 1 FROM {}.events WHERE id = {} FOR UPDATE", db.schema.q(), locked));
-
-    // Every cursor past them but the slow one; cleanup runs a few times,
-    // with later events delivered in between.
-    for (int round = 0; round < 3; ++round) {
-        checkpoint(snapshot_now(*db.admin), a0);
-        (void)relay.cleanup_window_events(100);
-        (void)db.enqueue(window_event(fast_key));
-        (void)db.enqueue(window_event());
-    }
-    checkpoint(snapshot_now(*db.admin), a0);
-    while (relay.cleanup_window_events(1) == 1) {
-    }
-    CHECK(left() == fmt::format("{},{}", slow, locked));
-
-    // The lock goes, the transaction commits, the slow cursor catches up:
-    // each of them goes.
+    some_later_ones(3, std::nullopt);
+    CHECK(left() == std::to_string(locked));
     (void)locker.exec("COMMIT");
     CHECK(relay.cleanup_window_events(100) == 1);
-    CHECK(left() == std::to_string(slow));
+    CHECK(left().empty());
     (void)running.exec("COMMIT");
-    CHECK(left() == fmt::format("{},{}", of_running, slow));
-    checkpoint(snapshot_now(*db.admin), a0);
-    CHECK(relay.cleanup_window_events(100) == 1);
+    CHECK(left() == std::to_string(of_running));
+    some_later_ones(1, std::nullopt);
+    CHECK(left().empty());
+
+    // A slot's cursor lagging while the others move on, then catching up.
+    const auto a0 = snapshot_now(*db.admin);
+    const auto slow = db.enqueue(window_event(slow_key));
+    some_later_ones(3, a0);
     CHECK(left() == std::to_string(slow));
     checkpoint(snapshot_now(*db.admin), std::nullopt);
     CHECK(relay.cleanup_window_events(100) == 1);
+    CHECK(left().empty());
+
+    // A batch that ends inside a transaction's events: the rest of that
+    // transaction's events go with the next batches.
+    (void)db.query("SELECT count({s}.enqueue('t', '{}')) FROM generate_series(1, 3)");
+    (void)db.enqueue(window_event());
+    checkpoint(snapshot_now(*db.admin), std::nullopt);
+    for (int i = 0; i < 4; ++i) CHECK(relay.cleanup_window_events(1) == 1);
     CHECK(left().empty());
 }
 
