@@ -1602,8 +1602,8 @@ SELECT id FROM fenced ORDER BY id;
 -- the highest xmax of any A (nothing above it is visible to any cursor), so
 -- the read is a range of events_txid_idx that stops at `batch` rows (a
 -- bitmap scan of the whole range cost 13-20 ms a batch of 1,000 on 200,000
--- delivered events, the ordered scan under 1 ms); each row's cursor is one
--- primary-key probe; deleted by ctid.
+-- delivered events, the ordered scan under 1 ms); the cursors are read once
+-- a call; deleted by ctid.
 --
 -- `done` (NULL: none) is a snapshot whose every visible txid has no event
 -- left to delete here, as the previous call returned it: the scan skips
@@ -1628,12 +1628,16 @@ WITH oldest AS (
            -- Of two snapshots, the one taken first has the smaller xmax or,
            -- at an equal xmax, more of it still running.
            (array_agg(c.snap_a ORDER BY pg_snapshot_xmax(c.snap_a),
-                                        (SELECT count(*) FROM pg_snapshot_xip(c.snap_a)) DESC))[1] AS a
+                                        (SELECT count(*) FROM pg_snapshot_xip(c.snap_a)) DESC))[1] AS a,
+           -- Each slot's A at [slot + 1]: the cursors are read once a call,
+           -- not once an event (their rows carry a version per checkpoint
+           -- while vacuum is held back).
+           array_agg(c.snap_a ORDER BY c.slot) AS by_slot
     FROM :"schema".cursors c
     WHERE c.destination = ''
     HAVING count(*) = 64
 ), since AS (
-    SELECT o.top, o.a, CASE WHEN pg_snapshot_xmax($2::pg_snapshot) <= o.top THEN $2::pg_snapshot END AS done
+    SELECT o.top, o.a, o.by_slot, CASE WHEN pg_snapshot_xmax($2::pg_snapshot) <= o.top THEN $2::pg_snapshot END AS done
     FROM oldest o
 ), candidates AS (
     SELECT u.ctid, u.txid
@@ -1642,9 +1646,8 @@ WITH oldest AS (
            WHERE w.txid >= (SELECT coalesce(pg_snapshot_xmax(s.done), '0'::xid8) FROM since s)
              AND w.txid < (SELECT s.top FROM since s)
              AND NOT w.fanned_out
-             AND pg_visible_in_snapshot(w.txid, (SELECT c.snap_a FROM :"schema".cursors c
-                                                 WHERE c.destination = ''
-                                                   AND c.slot = :"schema".event_slot(w.ordering_key, w.id)))
+             AND pg_visible_in_snapshot(w.txid, (SELECT s.by_slot[:"schema".event_slot(w.ordering_key, w.id) + 1]
+                                                 FROM since s))
            ORDER BY w.txid
            LIMIT $1)
           UNION ALL
@@ -1658,9 +1661,8 @@ WITH oldest AS (
                WHERE w.txid = x.txid
                  AND w.txid < s.top
                  AND NOT w.fanned_out
-                 AND pg_visible_in_snapshot(w.txid, (SELECT c.snap_a FROM :"schema".cursors c
-                                                     WHERE c.destination = ''
-                                                       AND c.slot = :"schema".event_slot(w.ordering_key, w.id)))
+                 AND pg_visible_in_snapshot(w.txid, (SELECT s.by_slot[:"schema".event_slot(w.ordering_key, w.id) + 1]
+                                                 FROM since s))
                LIMIT $1) y
            ORDER BY y.txid
            LIMIT $1)) u
