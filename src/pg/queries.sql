@@ -1586,7 +1586,7 @@ WITH batch AS MATERIALIZED (
 SELECT id FROM fenced ORDER BY id;
 
 -- name: cleanup_window_events
--- params: batch
+-- params: batch, done
 -- Deletes up to `batch` delivered window events (docs/windows-in-the-relay.md,
 -- "Cleanup"): an event read from a window and delivered everywhere leaves
 -- no trace but the cursors' move past it. Delivered = committed as seen by
@@ -1602,27 +1602,96 @@ SELECT id FROM fenced ORDER BY id;
 -- the highest xmax of any A (nothing above it is visible to any cursor), so
 -- the read is a range of events_txid_idx that stops at `batch` rows (a
 -- bitmap scan of the whole range cost 13-20 ms a batch of 1,000 on 200,000
--- delivered events, the ordered scan under 1 ms); each row's cursor is one
--- primary-key probe; deleted by ctid. Events a lagging cursor has not passed
--- are read again at every call, as many as it lags.
--- Returns how many were deleted; run until it deletes fewer than `batch`.
-WITH gone AS (
+-- delivered events, the ordered scan under 1 ms); the cursors are read once
+-- a call; deleted by ctid.
+--
+-- `done` (NULL: none) is a snapshot whose every visible txid has no event
+-- left to delete here, as the previous call returned it: the scan skips
+-- those txids, because while an old transaction holds vacuum back, the
+-- index entries of the events deleted earlier stay and an ordered scan
+-- from the start of the index would walk them all again at every call.
+-- A snapshot, not a txid: a transaction still running below later deleted
+-- ones (its xid in the xip) may commit events later, and those are read
+-- again (one index probe per xip entry). A new `done` is the oldest A of
+-- the cursors (an event visible in it is visible in its own slot's A, so
+-- every such event not fanned out was deleted now or before), cut below
+-- the first event this call could not lock (another session has it) or,
+-- for a full batch, below its last txid. An event a lagging cursor has not
+-- passed is not visible in the oldest A: it stays above `done`, read again
+-- at every call, as many as that cursor lags. `done` speaks of the table
+-- only, so any relay's is valid for every relay; one ahead of every
+-- cursor (another cluster's) is ignored.
+-- Returns how many were deleted (run until it deletes fewer than `batch`)
+-- and the next `done` (NULL while fewer than 64 cursors exist).
+WITH oldest AS (
+    SELECT max(pg_snapshot_xmax(c.snap_a)) AS top,
+           -- Of two snapshots, the one taken first has the smaller xmax or,
+           -- at an equal xmax, more of it still running.
+           (array_agg(c.snap_a ORDER BY pg_snapshot_xmax(c.snap_a),
+                                        (SELECT count(*) FROM pg_snapshot_xip(c.snap_a)) DESC))[1] AS a,
+           -- Each slot's A at [slot + 1]: the cursors are read once a call,
+           -- not once an event (their rows carry a version per checkpoint
+           -- while vacuum is held back).
+           array_agg(c.snap_a ORDER BY c.slot) AS by_slot
+    FROM :"schema".cursors c
+    WHERE c.destination = ''
+    HAVING count(*) = 64
+), since AS (
+    SELECT o.top, o.a, o.by_slot, CASE WHEN pg_snapshot_xmax($2::pg_snapshot) <= o.top THEN $2::pg_snapshot END AS done
+    FROM oldest o
+), candidates AS (
+    SELECT u.ctid, u.txid
+    FROM ((SELECT w.ctid, w.txid
+           FROM :"schema".events w
+           WHERE w.txid >= (SELECT coalesce(pg_snapshot_xmax(s.done), '0'::xid8) FROM since s)
+             AND w.txid < (SELECT s.top FROM since s)
+             AND NOT w.fanned_out
+             AND pg_visible_in_snapshot(w.txid, (SELECT s.by_slot[:"schema".event_slot(w.ordering_key, w.id) + 1]
+                                                 FROM since s))
+           ORDER BY w.txid
+           LIMIT $1)
+          UNION ALL
+          -- One probe per xid (LATERAL: never a join over the whole index).
+          (SELECT y.ctid, y.txid
+           FROM since s
+           CROSS JOIN LATERAL pg_snapshot_xip(s.done) x(txid)
+           CROSS JOIN LATERAL (
+               SELECT w.ctid, w.txid
+               FROM :"schema".events w
+               WHERE w.txid = x.txid
+                 AND w.txid < s.top
+                 AND NOT w.fanned_out
+                 AND pg_visible_in_snapshot(w.txid, (SELECT s.by_slot[:"schema".event_slot(w.ordering_key, w.id) + 1]
+                                                 FROM since s))
+               LIMIT $1) y
+           ORDER BY y.txid
+           LIMIT $1)) u
+    ORDER BY u.txid
+    LIMIT $1
+), gone AS (
     DELETE FROM :"schema".events e
     WHERE e.ctid = ANY (ARRAY(
-        SELECT w.ctid
-        FROM :"schema".events w
-        WHERE w.txid < (SELECT max(pg_snapshot_xmax(c.snap_a)) FROM :"schema".cursors c
-                        WHERE c.destination = '' HAVING count(*) = 64)
-          AND NOT w.fanned_out
-          AND pg_visible_in_snapshot(w.txid, (SELECT c.snap_a FROM :"schema".cursors c
-                                              WHERE c.destination = ''
-                                                AND c.slot = :"schema".event_slot(w.ordering_key, w.id)))
-        ORDER BY w.txid
-        LIMIT $1
-        FOR UPDATE OF w SKIP LOCKED))
-    RETURNING e.id
+        SELECT l.ctid
+        FROM :"schema".events l
+        WHERE l.ctid = ANY (ARRAY(SELECT c.ctid FROM candidates c))
+          AND NOT l.fanned_out
+        FOR UPDATE SKIP LOCKED))
+    RETURNING e.ctid
+), cut AS MATERIALIZED (
+    SELECT coalesce((SELECT min(c.txid) FROM candidates c WHERE c.ctid NOT IN (SELECT g.ctid FROM gone g)),
+                    (SELECT max(c.txid) FROM candidates c HAVING count(*) >= $1)) AS txid
+), next AS (
+    SELECT s.done,
+           CASE WHEN k.txid IS NULL THEN s.a
+                ELSE format('%s:%s:%s', least(pg_snapshot_xmin(s.a), k.txid), least(pg_snapshot_xmax(s.a), k.txid),
+                            (SELECT string_agg(x::text, ',' ORDER BY x) FROM pg_snapshot_xip(s.a) x
+                             WHERE x < k.txid))::pg_snapshot
+           END AS a
+    FROM since s, cut k
 )
-SELECT count(*) AS deleted FROM gone;
+SELECT (SELECT count(*) FROM gone) AS deleted,
+       (SELECT CASE WHEN pg_snapshot_xmax(n.done) > pg_snapshot_xmax(n.a) THEN n.done ELSE n.a END
+        FROM next n)::text AS done;
 
 -- name: free_dead_cursors
 -- params: owners

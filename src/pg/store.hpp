@@ -347,6 +347,8 @@ public:
     [[nodiscard]] std::vector<std::int64_t> park_window_events(std::span<const window_park> parks);
     // Deletes up to `batch` delivered window events, below every slot's
     // cursor (cleanup_window_events in queries.sql). Returns how many.
+    // Skips the txids the previous calls left nothing behind in (kept here:
+    // a new store reads from the start of the index once).
     std::size_t cleanup_window_events(std::size_t batch);
 
     [[nodiscard]] const std::string& lease_owner() const noexcept { return owner_; }
@@ -391,6 +393,9 @@ private:
     std::string known_destination_;
     std::vector<std::string> known_destinations_;  // the same, for statements that take them as a parameter
     bool consume_windows_ = false;
+    // cleanup_window_events' `done`: a snapshot whose visible txids have no
+    // delivered window event left.
+    std::optional<std::string> window_cleanup_done_;
     query_book queries_;
     session session_;
     bool bound_to_session_ = false;

@@ -356,9 +356,13 @@ std::vector<std::int64_t> store::park_window_events(std::span<const window_park>
 std::size_t store::cleanup_window_events(std::size_t batch) {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        return exec_params(tx, queries_, q::cleanup_window_events::args{.batch = static_cast<long long>(batch)})
-            .one()[q::cleanup_window_events::col::deleted]
-            .as<std::size_t>();
+        using col = q::cleanup_window_events::col;
+        const auto row = exec_params(tx, queries_,
+                                     q::cleanup_window_events::args{.batch = static_cast<long long>(batch),
+                                                                    .done = nullable(window_cleanup_done_)})
+                             .one();
+        if (!row[col::done].is_null()) window_cleanup_done_ = row[col::done].as<std::string>();
+        return row[col::deleted].as<std::size_t>();
     });
 }
 

@@ -826,6 +826,154 @@ TEST_CASE("windows: cleanup deletes an event its slot's cursor has passed, thoug
     open_writer.abort();
 }
 
+namespace {
+// Index entries of events_txid_idx read by every scan so far, as the
+// statistics say once every session that scanned it has ended (a backend
+// flushes its counters on exit, before it leaves pg_stat_activity).
+double txid_index_entries_read(installed& db) {
+    return std::stod(db.query(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE schemaname = '" + db.schema.name() +
+        "' AND indexrelname = 'events_txid_idx'"));
+}
+
+std::set<std::string> client_backends(installed& db) {
+    std::set<std::string> pids;
+    pqxx::nontransaction tx(*db.admin);
+    for (const auto& row : tx.exec("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                                   "AND datname = current_database()")) {
+        pids.insert(row[0].c_str());
+    }
+    return pids;
+}
+
+// Runs one cleanup on its own new session of `s` and ends that session:
+// returns how many it deleted and how many txid index entries it read.
+std::pair<std::size_t, double> cleanup_counting_entries(installed& db, pg::store& s, std::size_t batch) {
+    s.disconnect();
+    const auto before_pids = client_backends(db);
+    const auto before = txid_index_entries_read(db);
+    const auto deleted = s.cleanup_window_events(batch);
+    std::vector<std::string> mine;
+    for (const auto& pid : client_backends(db)) {
+        if (!before_pids.contains(pid)) mine.push_back(pid);
+    }
+    REQUIRE(mine.size() == 1);
+    s.disconnect();
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (db.query("SELECT count(*) FROM pg_stat_activity WHERE pid = " + mine[0]) != "0") {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(10ms);
+    }
+    return {deleted, txid_index_entries_read(db) - before};
+}
+}  // namespace
+
+TEST_CASE("windows: cleanup does not walk again the events it deleted while an old transaction holds vacuum "
+          "back") {
+    // An old transaction with an xid and a snapshot: vacuum keeps the index
+    // entries of every event cleanup deletes, and no scan may mark them
+    // dead; the xid stays in every later A's xip.
+    installed db("win", "windows");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();
+    auto cleaner = db.store("relay-a");
+    std::map<int, std::int64_t> epochs;
+    for (int slot = 0; slot < 64; ++slot) epochs[slot] = relay.take_cursor("", slot)->epoch;
+    auto old = testing::connect();
+    pqxx::work held(*old, "held");
+    (void)held.exec("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+    (void)held.exec(fmt::format("SELECT pg_current_xact_id(), count(*) FROM {}.events", db.schema.q()));
+
+    constexpr int transactions = 20, per_transaction = 1000;
+    for (int i = 0; i < transactions; ++i) {
+        (void)db.query(fmt::format("SELECT count({{s}}.enqueue('t', '{{}}')) FROM generate_series(1, {})",
+                                   per_transaction));
+    }
+    auto a = snapshot_now(*db.admin);
+    for (const auto& [slot, epoch] : epochs) REQUIRE(relay.checkpoint_cursor("", slot, epoch, a, std::nullopt, 0));
+    const auto first = cleanup_counting_entries(db, cleaner, 100000);
+    CHECK(first.first == std::size_t{transactions * per_transaction});
+
+    // The next second's work: a few more events delivered.
+    (void)db.query("SELECT count({s}.enqueue('t', '{}')) FROM generate_series(1, 100)");
+    a = snapshot_now(*db.admin);
+    for (const auto& [slot, epoch] : epochs) REQUIRE(relay.checkpoint_cursor("", slot, epoch, a, std::nullopt, 0));
+    const auto second = cleanup_counting_entries(db, cleaner, 100000);
+    CHECK(second.first == 100);
+    // About the 100 it deletes, not the 20,000 deleted before.
+    CHECK(second.second < 1000);
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    held.abort();
+}
+
+TEST_CASE("windows: cleanup deletes later an event it had to leave while it deleted later ones") {
+    // What cleanup passes over stays owed to it: an event its slot's cursor
+    // had not passed yet, an event locked by another session, and the event
+    // of a transaction still running (its txid below those deleted).
+    installed db("win", "windows");
+    auto relay = db.store("relay-a");
+    relay.bind_leases_to_session();
+    const auto slow_key = key_in_new_slot(db, {}, "slow");
+    const int slow_slot = slot_of(db, slow_key);
+    const auto fast_key = key_in_new_slot(db, {slow_slot}, "fast");
+    std::map<int, std::int64_t> epochs;
+    for (int slot = 0; slot < 64; ++slot) epochs[slot] = relay.take_cursor("", slot)->epoch;
+    const auto checkpoint = [&](const std::string& a, const std::optional<std::string>& slow_a) {
+        for (const auto& [slot, epoch] : epochs) {
+            REQUIRE(relay.checkpoint_cursor("", slot, epoch, slot == slow_slot && slow_a ? *slow_a : a,
+                                            std::nullopt, 0));
+        }
+    };
+    const auto left = [&] { return db.query("SELECT coalesce(string_agg(id::text, ',' ORDER BY id), '') FROM {s}.events"); };
+
+    const auto some_later_ones = [&](int rounds, const std::optional<std::string>& slow_a) {
+        for (int round = 0; round < rounds; ++round) {
+            checkpoint(snapshot_now(*db.admin), slow_a);
+            (void)relay.cleanup_window_events(100);
+            (void)db.enqueue(window_event(fast_key));
+            (void)db.enqueue(window_event());
+        }
+        checkpoint(snapshot_now(*db.admin), slow_a);
+        (void)relay.cleanup_window_events(100);
+    };
+
+    // A transaction running, a row locked, every cursor moving on.
+    session running(db);
+    (void)running.exec("BEGIN");
+    const auto of_running = running.enqueue(fast_key);  // takes its xid now
+    (void)db.enqueue(window_event(fast_key));
+    const auto locked = db.enqueue(window_event(fast_key));
+    session locker(db);
+    (void)locker.exec("BEGIN");
+    (void)locker.exec(fmt::format("SELECT 1 FROM {}.events WHERE id = {} FOR UPDATE", db.schema.q(), locked));
+    some_later_ones(3, std::nullopt);
+    CHECK(left() == std::to_string(locked));
+    (void)locker.exec("COMMIT");
+    CHECK(relay.cleanup_window_events(100) == 1);
+    CHECK(left().empty());
+    (void)running.exec("COMMIT");
+    CHECK(left() == std::to_string(of_running));
+    some_later_ones(1, std::nullopt);
+    CHECK(left().empty());
+
+    // A slot's cursor lagging while the others move on, then catching up.
+    const auto a0 = snapshot_now(*db.admin);
+    const auto slow = db.enqueue(window_event(slow_key));
+    some_later_ones(3, a0);
+    CHECK(left() == std::to_string(slow));
+    checkpoint(snapshot_now(*db.admin), std::nullopt);
+    CHECK(relay.cleanup_window_events(100) == 1);
+    CHECK(left().empty());
+
+    // A batch that ends inside a transaction's events: the rest of that
+    // transaction's events go with the next batches.
+    (void)db.query("SELECT count({s}.enqueue('t', '{}')) FROM generate_series(1, 3)");
+    (void)db.enqueue(window_event());
+    checkpoint(snapshot_now(*db.admin), std::nullopt);
+    for (int i = 0; i < 4; ++i) CHECK(relay.cleanup_window_events(1) == 1);
+    CHECK(left().empty());
+}
+
 TEST_CASE("windows: a dead relay's cursors are unowned by the takeover, and its late park writes nothing") {
     installed db("win", "windows");
     auto a = db.store("relay-a");
