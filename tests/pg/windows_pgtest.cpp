@@ -24,6 +24,7 @@
 #include "core/sql_ident.hpp"
 #include "core/window_safety.hpp"
 #include "pg/migrator.hpp"
+#include "pg/named_queries.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
 
@@ -356,11 +357,7 @@ TEST_CASE("windows: an event the read sees committed is due by the read's time, 
           "statement did") {
     installed db("win", "windows");
     const std::string a = snapshot_now(*db.admin);
-    std::string sql;
-    for (const auto& q : embedded::queries()) {
-        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
-    }
-    REQUIRE_FALSE(sql.empty());
+    auto sql = pg::query_book(db.schema.name()).sql<pg::q::read_window>();
     while (!sql.empty() && (sql.back() == ';' || std::isspace(static_cast<unsigned char>(sql.back())))) sql.pop_back();
     // The read's now() is taken before its snapshot (a statement's parse and
     // plan come between them; here, as a transaction's now(), a whole
@@ -1209,11 +1206,7 @@ TEST_CASE("windows: the read's probe for an earlier event of the key from before
         pqxx::nontransaction tx(*db.admin);
         tx.exec("ANALYZE " + db.schema.q() + ".events");
     }
-    std::string sql;
-    for (const auto& q : embedded::queries()) {
-        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
-    }
-    REQUIRE_FALSE(sql.empty());
+    const auto sql = pg::query_book(db.schema.name()).sql<pg::q::read_window>();
     // As the store runs it: unprepared, so a custom plan.
     pqxx::nontransaction tx(*db.admin);
     const auto text = tx.exec_params("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, a, nullptr, 0, nullptr, 1000,
@@ -1250,11 +1243,7 @@ TEST_CASE("windows: the read probes whether a key is pending once per key of its
         pqxx::nontransaction tx(*db.admin);
         tx.exec("ANALYZE " + db.schema.q() + ".events");
     }
-    std::string sql;
-    for (const auto& q : embedded::queries()) {
-        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
-    }
-    REQUIRE_FALSE(sql.empty());
+    const auto sql = pg::query_book(db.schema.name()).sql<pg::q::read_window>();
     auto c = testing::connect();
     pqxx::nontransaction tx(*c);
     for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
@@ -1308,11 +1297,7 @@ TEST_CASE("windows: a later page of a large window reads about its own page, not
     REQUIRE(whole.events.size() == 20000);
     const auto from = whole.events[10000].id;
 
-    std::string sql;
-    for (const auto& q : embedded::queries()) {
-        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
-    }
-    REQUIRE_FALSE(sql.empty());
+    const auto sql = pg::query_book(db.schema.name()).sql<pg::q::read_window>();
     // Rows of events the read returns from its scans, the most of: a custom
     // plan (an unnamed statement of a plain session), and the generic plan
     // the relay's claim session makes (store::plan_once_settings).
@@ -1379,11 +1364,7 @@ TEST_CASE("windows: a later page of a large window reads about its own page, not
 TEST_CASE("windows: the relay's prepared window read, planned on an empty outbox, reads only its window once the "
           "outbox holds 20,000 events") {
     installed db("win", "windows");
-    std::string sql;
-    for (const auto& q : embedded::queries()) {
-        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
-    }
-    REQUIRE_FALSE(sql.empty());
+    const auto sql = pg::query_book(db.schema.name()).sql<pg::q::read_window>();
     // The claim session's settings; its generic plan is made at the first
     // call and kept (the store prepares read_window).
     auto c = testing::connect();
@@ -1422,10 +1403,7 @@ TEST_CASE("windows: a relay session does not JIT-compile the read of a large win
     const std::string a = snapshot_now(*db.admin);
     (void)db.query("SELECT count({s}.enqueue('t', '{}', CASE WHEN g % 2 = 0 THEN 'k' || g % 100 END)) "
                    "FROM generate_series(1, 20000) g");
-    std::string sql;
-    for (const auto& q : embedded::queries()) {
-        if (q.name == "read_window") sql = render_sql(q.sql, db.schema.name());
-    }
+    const auto sql = pg::query_book(db.schema.name()).sql<pg::q::read_window>();
     auto c = testing::connect();
     pqxx::nontransaction tx(*c);
     tx.exec("ANALYZE " + db.schema.q() + ".events");
