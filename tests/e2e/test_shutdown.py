@@ -181,7 +181,9 @@ def test_sigterm_while_claimed_ahead_releases_what_waits_and_sends_nothing_twice
     leased = db.scalar("SELECT count(*) FROM {s}.events WHERE lease_owner IS NOT NULL")
     assert leased == 0, f"{leased} rows still leased after a graceful shutdown"
     left = db.count_events()
-    assert 0 < left < 20000 - 2000, left
+    # The 2,000 answered before the signal are delivered; whatever was in
+    # flight then may or may not be (both slots can be between two sends).
+    assert 0 < left <= 20000 - 2000, left
 
     second = relay(receiver, "--sweep-interval", "1h")
     assert db.wait_empty(timeout=60), db.count_events()
