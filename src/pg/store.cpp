@@ -17,9 +17,6 @@
 namespace outboxd::pg {
 namespace {
 
-// Stored error texts are bounded: a huge error page must not bloat the row.
-constexpr std::size_t max_error_bytes = 2048;
-
 std::optional<std::string> status_text(std::optional<int> status) {
     return status ? std::optional<std::string>(fmt::format("{}", *status)) : std::nullopt;
 }

@@ -50,6 +50,9 @@ enum class claim_from {
 using outboxd::claim_size;
 using outboxd::largest_claim;
 
+// Stored error texts are bounded: a huge error page must not bloat the row.
+inline constexpr std::size_t max_error_bytes = 2048;
+
 class store {
 public:
     // relay_session: the relay's bookkeeping (claims, outcomes, releases)

@@ -12,6 +12,7 @@
 #include "core/text.hpp"
 #include "pg/params.hpp"
 #include "pg/sql_arrays.hpp"
+#include "pg/event_columns.hpp"
 #include "pg/store.hpp"
 #include "pg/typed_query.hpp"
 
@@ -40,22 +41,6 @@ void for_each_element(const pqxx::field& f, Each each) {
         }
     }
 }
-
-// A replayed event's destinations, joined by ',' (array_to_string in the
-// read, as in the claim): destination names never hold one.
-std::vector<std::string> destination_names(std::string_view list) {
-    std::vector<std::string> out;
-    while (!list.empty()) {
-        const auto comma = list.find(',');
-        out.emplace_back(list.substr(0, comma));
-        if (comma == std::string_view::npos) break;
-        list.remove_prefix(comma + 1);
-    }
-    return out;
-}
-
-// Stored error texts are bounded, as in store.cpp.
-constexpr std::size_t max_error_bytes = 2048;
 
 }  // namespace
 
