@@ -235,10 +235,7 @@ int cmd_wake_trigger(const parsed_args& args) {
         const pg::query_book book(name);
         tx.exec(book.sql<q::wake_trigger_drop_events>());
         tx.exec(book.sql<q::wake_trigger_drop_deliveries>());
-        if (install) {
-            tx.exec(book.sql<q::wake_trigger_create_events>());
-            tx.exec(book.sql<q::wake_trigger_create_deliveries>());
-        }
+        if (install) tx.exec(book.sql<q::wake_triggers_create>());
     });
     log::info(install ? "wake-up trigger installed" : "wake-up trigger removed", {{"schema", schema}});
     return exit_ok;
@@ -261,8 +258,7 @@ std::vector<std::string> wake_setup_statements(const std::string& schema, const 
                                  book.bare_sql<q::wake_trigger_drop_deliveries>(),
                                  fmt::format("DROP PUBLICATION IF EXISTS {};", publication)};
     if (mode == "auto" || mode == "notify") {
-        out.push_back(book.bare_sql<q::wake_trigger_create_events>());
-        out.push_back(book.bare_sql<q::wake_trigger_create_deliveries>());
+        out.push_back(book.bare_sql<q::wake_triggers_create>());
     } else if (mode == "wal") {
         // Inserts only: the relay wakes for new work, never for its own
         // updates and deletes. deliveries too, as the trigger did: a dead

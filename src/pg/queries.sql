@@ -634,7 +634,8 @@ SELECT 'msg_' || left(replace(id::text, '-', ''), 16) || '_' AS prefix FROM :"sc
 
 -- name: declare_wake
 -- params: owner, idle, valid_ms
--- The relay says whether it is idle (sql/0008): producers notify only while
+-- The relay says whether it is idle (sql/0008; a trigger publishes it in the
+-- sequence relay_idle_until, sql/0010): producers notify only while
 -- some relay is. valid_ms: the row counts until then; the relay refreshes it
 -- at every sweep. Rows of relays that died (past their `until` for an
 -- hour) go at the same time, so restarts do not pile them up.
@@ -731,17 +732,9 @@ DROP TRIGGER IF EXISTS events_notify ON :"schema".events;
 -- name: wake_trigger_drop_deliveries
 DROP TRIGGER IF EXISTS deliveries_notify ON :"schema".deliveries;
 
--- name: wake_trigger_create_events
--- As sql/0001 made it.
-CREATE TRIGGER events_notify
-    AFTER INSERT ON :"schema".events
-    FOR EACH STATEMENT EXECUTE FUNCTION :"schema".notify_events();
-
--- name: wake_trigger_create_deliveries
--- As sql/0002 made it.
-CREATE TRIGGER deliveries_notify
-    AFTER INSERT ON :"schema".deliveries
-    FOR EACH STATEMENT EXECUTE FUNCTION :"schema".notify_events();
+-- name: wake_triggers_create
+-- The triggers on events and deliveries, as sql/0010 defines them.
+SELECT :"schema".install_wake_triggers(false);
 
 -- name: consume_setup_txid_default
 -- `outboxd consume-setup windows`: every new event records the top-level

@@ -11,12 +11,15 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from urllib.parse import urlparse
 
 import psycopg2
 import pytest
+from psycopg2 import sql
 
+from conftest import REPO, Db, clean_env
 from helpers import claims_only, wait_delivered, wait_until
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -208,6 +211,37 @@ def test_auto_mode_catches_a_commit_that_read_busy_and_committed_after_the_relay
     pytest.fail("could not get the relay declared busy at the producer's insert")
 
 
+def test_auto_mode_notifies_for_a_repeatable_read_producer_whose_snapshot_predates_the_relays_transition(
+        database_url, db, receiver, relay):
+    """A producer in REPEATABLE READ takes its snapshot while the relay is
+    busy and inserts only after the relay went idle and read what was in
+    progress (it had no transaction id then, so the watch cannot see it).
+    Its trigger must still notify: the relay's declaration is read outside
+    any snapshot (sql/0010). The sweep is an hour away."""
+    r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
+    assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
+    for attempt in range(5):
+        if not _declared_busy_by_a_burst(db):
+            continue
+        producer = db.connect()
+        producer.set_session(isolation_level="REPEATABLE READ")
+        with producer.cursor() as cur:
+            cur.execute("SELECT 1")  # the snapshot
+        if _relay_state(db) is not False:
+            producer.rollback()
+            continue
+        assert wait_until(lambda: _relay_state(db) is True, 15), r.log()
+        time.sleep(0.3)  # past the relay's read of the transactions in progress
+        late = db.enqueue("t", {"late": True}, conn=producer, commit=False)
+        producer.commit()
+        committed = time.monotonic()
+        assert wait_delivered(receiver, [late], timeout=5), r.log()
+        delay = time.monotonic() - committed
+        assert delay < 1.0, f"the event took {delay:.2f}s after its commit"
+        return
+    pytest.fail("could not get the relay declared busy at the producer's snapshot")
+
+
 def test_auto_mode_an_event_written_while_busy_and_due_after_the_relay_went_idle_fires_on_time(db, receiver, relay):
     """A busy relay's claims that lease events do not say when the next event
     falls due (another claim follows at once); those that find nothing before
@@ -258,6 +292,75 @@ def test_the_trigger_notifies_only_while_a_relay_is_declared_idle_and_its_declar
         assert notified_by_an_insert(), "not notified while a relay is idle"
     finally:
         listener.close()
+
+
+def _idle_published(db) -> bool:
+    """Whether the sequence the wake-up triggers read (sql/0010) says that
+    some relay is idle now."""
+    return db.scalar("SELECT last_value > extract(epoch FROM now()) * 1000 FROM {s}.relay_idle_until")
+
+
+def test_a_relay_going_busy_while_another_declares_itself_idle_leaves_the_idle_one_published(db, database_url):
+    """Relay A declares itself idle in a transaction still open while relay B
+    declares itself busy. Each declaration recomputes the sequence from
+    relay_wake; unless B's waits for A's commit and then sees A's row, B
+    writes 0 after A's value and A is never woken again."""
+    a = psycopg2.connect(database_url)
+    b = psycopg2.connect(database_url)
+    b.autocommit = True
+
+    def declare(conn, owner: str, idle: bool) -> None:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("INSERT INTO {}.relay_wake (owner, idle, until) "
+                                "VALUES (%s, %s, now() + interval '1 hour')").format(db.s), (owner, idle))
+
+    try:
+        declare(a, "a", True)
+        busy = threading.Thread(target=declare, args=(b, "b", False))
+        busy.start()
+        busy.join(0.5)  # B's declaration may wait for A's
+        a.commit()
+        busy.join(5)
+        assert not busy.is_alive()
+        assert _idle_published(db), db.query("SELECT * FROM {s}.relay_wake")
+        # And back: A goes busy too; nobody is idle any more.
+        db.query("UPDATE {s}.relay_wake SET idle = false WHERE owner = 'a'")
+        assert not _idle_published(db)
+    finally:
+        a.close()
+        b.close()
+
+
+def _install_sql_files(database_url: str, schema: str, upto: int) -> None:
+    psql = shutil.which("psql") or "/usr/lib/postgresql/15/bin/psql"
+    for f in sorted((REPO / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))[:upto]:
+        p = subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"schema={schema}", "-d", database_url,
+                            "-1", "-f", str(f)], capture_output=True, text=True, timeout=30, env=clean_env())
+        assert p.returncode == 0, f"{f.name}: {p.stderr}"
+
+
+def test_migration_0010_moves_installed_triggers_to_the_sequence_and_installs_none_where_there_were_none(
+        outboxd, database_url, make_schema, request):
+    def triggers(db):
+        return [r["def"] for r in db.query(
+            "SELECT pg_get_triggerdef(t.oid) AS def FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND t.tgname LIKE '%%notify' "
+            "ORDER BY 1", (db.schema,))]
+
+    notifying, polling = make_schema(migrate=False), make_schema(migrate=False)
+    for name in (notifying, polling):
+        _install_sql_files(database_url, name, 9)
+    dbs = [Db(database_url, name) for name in (notifying, polling)]
+    for d in dbs:
+        request.addfinalizer(d.close)
+    # What `outboxd wake-setup poll` of 0009 did.
+    dbs[1].query("DROP TRIGGER events_notify ON {s}.events; DROP TRIGGER deliveries_notify ON {s}.deliveries")
+    for name in (notifying, polling):
+        r = outboxd("--database-url", database_url, "--schema", name, "migrate")
+        assert r.rc == 0, r.output()
+    got = triggers(dbs[0])
+    assert len(got) == 2 and all("relay_idle_until" in t and "WHEN" in t for t in got), got
+    assert triggers(dbs[1]) == []
 
 
 def test_transaction_pooling_with_live_leases_is_refused_at_start(db, receiver, relay):
