@@ -231,6 +231,7 @@ wake_policy::actions wake_policy::become_busy(time now) {
     actions a;
     state_ = state::busy;
     last_found_ = now;
+    quiet_windows_ = 0;
     watch_at_.reset();
     watching_.clear();
     declared_idle_ = false;
@@ -256,6 +257,7 @@ void wake_policy::count_claimed(std::size_t got, time now) {
         const auto elapsed = std::chrono::duration_cast<ms>(now - window_start_).count();
         last_window_busy_ = static_cast<long long>(window_count_) * 1000 >=
                             static_cast<long long>(s_.busy_rate) * elapsed;
+        quiet_windows_ = last_window_busy_ ? 0 : quiet_windows_ + 1;
         window_start_ = now;
         window_count_ = 0;
     }
@@ -280,6 +282,11 @@ wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) 
         case state::settling:
             return a;
         case state::busy:
+            // The inflow fell under busy_rate and stayed there: notifications
+            // are cheap again, and claims busy_gap apart would make each
+            // event wait for the next one. (Claims that keep finding a few
+            // events never come up empty for idle_after.)
+            if (quiet_windows_ >= quiet_windows_to_idle) return settle(now);
             if (got > 0) {
                 last_found_ = now;
                 // A full claim is followed at once by the engine. Otherwise

@@ -38,7 +38,8 @@
 //
 // auto: busy -> idle without losing a commit. A producer reads the
 // declaration when it inserts and may commit much later. After idle_after of
-// empty claims the relay declares itself idle and, once that is committed,
+// empty claims, or three rate windows in a row (100 ms each) under
+// busy_rate, the relay declares itself idle and, once that is committed,
 // reads the transactions in progress (declared_idle): a producer that read
 // "busy" has either committed already (the claim that follows sees it) or is
 // among them. The relay watches them (every watch_interval, slower after
@@ -165,6 +166,9 @@ private:
     time window_start_{};
     std::size_t window_count_ = 0;
     bool last_window_busy_ = false;    // the previous window reached busy_rate
+    std::size_t quiet_windows_ = 0;    // windows in a row under busy_rate
+    // auto: a busy relay goes idle after this many (about 300 ms under the rate)
+    static constexpr std::size_t quiet_windows_to_idle = 3;
     // wal: when the stream last caused a claim; a claim held back until then
     std::optional<time> stream_claimed_;
     std::optional<time> stream_claim_at_;

@@ -87,6 +87,35 @@ TEST_CASE("wake policy: a busy relay declares itself busy and claims back to bac
     CHECK_FALSE(w.claims_back_to_back());
 }
 
+TEST_CASE("wake policy: a busy relay goes idle when the inflow stays under busy_rate, though every claim finds some") {
+    // A burst makes the relay busy; then 200 events a second, one every
+    // 5 ms: each busy claim finds one, so claims never come up empty for
+    // idle_after. Busy, each event would wait for the next claim (up to
+    // busy_gap); idle, it is claimed at its notification.
+    auto w = idle_relay();
+    (void)w.claimed(40, false, t0 + 1ms);
+    REQUIRE(w.busy());
+    auto now = t0 + 1ms;
+    bool went_idle = false;
+    for (int i = 0; i < 200 && !went_idle; ++i) {
+        now += 5ms;
+        const auto a = w.claimed(1, false, now);
+        went_idle = a.declare && *a.declare;
+    }
+    CHECK(went_idle);
+    CHECK(now - t0 <= 450ms);  // three windows of 100 ms under the rate, and the first one's rest
+    // At the busy rate or over, it stays busy.
+    auto v = idle_relay();
+    (void)v.claimed(40, false, t0 + 1ms);
+    now = t0 + 1ms;
+    for (int i = 0; i < 400; ++i) {
+        now += 3ms;
+        const auto a = v.claimed(1, false, now);  // 333 a second
+        CHECK_FALSE((a.declare && *a.declare));
+    }
+    CHECK(v.busy());
+}
+
 TEST_CASE("wake policy: a failed idle declaration keeps the relay busy and tries again") {
     auto w = idle_relay();
     (void)w.claimed(40, false, t0 + 1ms);
