@@ -51,8 +51,9 @@ const std::vector<option_spec>& known_options() {
     return all;
 }
 
-constexpr std::array<std::string_view, 10> commands{"migrate", "sql",    "enqueue",      "run",        "check-config",
-                                                    "dead",    "status", "wake-trigger", "wake-setup", "consume-setup"};
+constexpr std::array<std::string_view, 11> commands{"migrate", "sql",          "enqueue",    "run",
+                                                    "check-config", "dead", "status", "wake-trigger",
+                                                    "wake-setup", "consume-setup", "cursor"};
 constexpr std::array<std::string_view, 4> wake_setup_modes{"auto", "notify", "poll", "wal"};
 constexpr std::array<std::string_view, 2> consume_setup_modes{"claims", "windows"};
 constexpr std::array<std::string_view, 3> dead_subcommands{"list", "replay", "purge"};
@@ -138,6 +139,9 @@ parsed_args parse_args(int argc, const char* const* argv) {
                 usage_error(fmt::format("unknown `outboxd wake-setup` mode '{}': expected auto, notify, poll or wal", arg));
             }
             out.subcommand = arg;
+        } else if (out.command == "cursor" && out.subcommand.empty()) {
+            if (arg != "reset") usage_error(fmt::format("unknown `outboxd cursor` command '{}': expected reset", arg));
+            out.subcommand = arg;
         } else if (out.command == "consume-setup" && out.subcommand.empty()) {
             if (std::find(consume_setup_modes.begin(), consume_setup_modes.end(), arg) == consume_setup_modes.end()) {
                 usage_error(fmt::format("unknown `outboxd consume-setup` mode '{}': expected claims or windows", arg));
@@ -155,6 +159,9 @@ parsed_args parse_args(int argc, const char* const* argv) {
     }
     if (out.command == "consume-setup" && out.subcommand.empty() && !out.help) {
         usage_error("`outboxd consume-setup` needs a mode: claims or windows");
+    }
+    if (out.command == "cursor" && out.subcommand.empty() && !out.help) {
+        usage_error("`outboxd cursor` needs a command: reset");
     }
     if (out.command == "dead" && out.subcommand.empty() && !out.help) {
         usage_error("`outboxd dead` needs a command: list, replay or purge");
@@ -196,6 +203,11 @@ Commands:
               windows: every new event records its transaction's id, and the index the
               window read uses (producers pay one more index entry per event); claims:
               removes both (refused while windows relays run). --print: print the SQL
+  cursor reset
+              forget where windows relays are (relay.consume = "windows"): every event
+              still in the outbox is read, and sent, again. For a relay that refused to
+              read (exit 9: the database was restored, or is another cluster). Refused
+              while windows relays run
   run         deliver events to the configured destinations until SIGINT/SIGTERM;
               SIGHUP reloads the configuration file (destinations, routes, relay settings).
               --once: deliver what is due, then exit 0 (cron, batch jobs, tests)

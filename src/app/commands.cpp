@@ -323,6 +323,30 @@ int cmd_consume_setup(const parsed_args& args) {
     return exit_ok;
 }
 
+// Forgets every window cursor (README "Consumption modes"): the next windows
+// relay starts from the beginning of the outbox. Under a lock that keeps
+// relays from taking or writing cursors until it commits, and only while
+// none runs: a running relay would go on from the position it holds in
+// memory, and its next checkpoint would find no row.
+int cmd_cursor_reset(const parsed_args& args) {
+    long long removed = 0;
+    const auto schema = in_outbox_transaction(args, [&](pqxx::work& tx, const std::string& name) {
+        const pg::query_book book(name);
+        tx.exec(book.sql<pg::q::cursors_lock>());
+        const auto relays = tx.exec(book.sql<pg::q::windows_relays_alive>())[0][0].as<long long>();
+        if (relays > 0) {
+            throw fatal_error(exit_db_unsuitable,
+                              fmt::format("{} relay(s) with relay.consume = \"windows\" are running on this outbox; "
+                                          "stop every relay, then run `outboxd cursor reset` again",
+                                          relays));
+        }
+        removed = tx.exec(book.sql<pg::q::cursors_reset>())[0][0].as<long long>();
+    });
+    log::info("window cursors reset: the next windows relay reads every event still in the outbox",
+              {{"schema", schema}, {"cursors", fmt::format("{}", removed)}});
+    return exit_ok;
+}
+
 int cmd_enqueue(const parsed_args& args) {
     const auto [schema, dsn] = database_of(args);
     pg::new_event e;
@@ -706,6 +730,7 @@ int dispatch(const parsed_args& args) {
     if (args.command == "wake-trigger") return cmd_wake_trigger(args);
     if (args.command == "wake-setup") return cmd_wake_setup(args);
     if (args.command == "consume-setup") return cmd_consume_setup(args);
+    if (args.command == "cursor") return cmd_cursor_reset(args);
     throw fatal_error(exit_usage, fmt::format("unknown command '{}'", args.command));
 }
 

@@ -23,13 +23,13 @@ std::string describe(window_verdict verdict, const cursor_origin& cursor, const 
             return "the server is a standby (in recovery): windows are read on the primary only";
         case window_verdict::other_cluster:
             return fmt::format("the cursor was taken on cluster {}, this server is cluster {}: refusing to read "
-                               "(after checking, with every relay stopped, delete the schema's cursors rows: "
+                               "(after checking, with every relay stopped, run `outboxd cursor reset`: "
                                "every event still in the outbox is then sent again)",
                                cursor.system_identifier, server.system_identifier);
         case window_verdict::xid_regression:
             return fmt::format("xid regression: the server's next transaction id {} is below the cursor's {} "
                                "(a restore or PITR?): refusing to read (after checking, with every relay stopped, "
-                               "delete the schema's cursors rows: every event still in the outbox is then sent again)",
+                               "run `outboxd cursor reset`: every event still in the outbox is then sent again)",
                                server.next_xid, cursor.xmax);
     }
     return "";

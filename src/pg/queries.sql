@@ -793,6 +793,17 @@ FROM :"schema".cursors c
 JOIN :"schema".relays r ON r.lease_owner = c.owner
 WHERE NOT pg_try_advisory_xact_lock(r.lock_key);
 
+-- name: cursors_lock
+-- `outboxd cursor reset`: relays take and write cursors (INSERT, UPDATE)
+-- only after it commits.
+LOCK TABLE :"schema".cursors IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: cursors_reset
+-- `outboxd cursor reset`, under cursors_lock with no windows relay alive:
+-- a missing cursor is created at the beginning when a relay takes it.
+WITH gone AS (DELETE FROM :"schema".cursors RETURNING 1)
+SELECT count(*) AS cursors FROM gone;
+
 -- name: purge_idempotency_keys
 -- params: retention_ms
 -- Returns how many keys were forgotten.

@@ -51,6 +51,7 @@ EXIT_SCHEMA_MISSING = 4
 EXIT_SCHEMA_NEWER = 5
 EXIT_INVALID_INPUT = 6
 EXIT_PERMISSION_DENIED = 7
+EXIT_DB_UNSUITABLE = 8
 
 # How long a one-shot CLI command may take before the test calls it hung.
 CLI_TIMEOUT = 20

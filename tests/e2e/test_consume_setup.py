@@ -10,10 +10,9 @@ import secrets
 import psycopg2
 import pytest
 
-from conftest import EXIT_OK, EXIT_SCHEMA_MISSING, Db
+from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_SCHEMA_MISSING, Db
 from helpers import duplicates, wait_delivered, wait_until
 
-EXIT_DB_UNSUITABLE = 8
 WINDOWS = {"OUTBOXD_CONSUME": "windows"}
 CLAIMS = {"OUTBOXD_CONSUME": "claims"}
 

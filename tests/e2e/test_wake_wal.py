@@ -13,10 +13,9 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from conftest import (EXIT_OK, EXIT_PERMISSION_DENIED, EXIT_SCHEMA_MISSING, admin_execute)
+from conftest import (EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_PERMISSION_DENIED, EXIT_SCHEMA_MISSING, admin_execute)
 from helpers import wait_delivered, wait_until
 
-EXIT_DB_UNSUITABLE = 8
 SLOW = ("--sweep-interval", "1h", "--poll-interval", "1h")
 
 

@@ -30,7 +30,7 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from conftest import EXIT_OK, TEST_APP, Db, PgCluster, clean_env
+from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, TEST_APP, Db, PgCluster, clean_env
 from helpers import wait_delivered, wait_until
 from receiver import Receiver
 
@@ -78,7 +78,7 @@ def events_left(db) -> set:
 # 1. cursors that do not belong to this server are refused
 # --------------------------------------------------------------------------
 @pytest.mark.parametrize("forgery", ["xid_ahead", "other_cluster"])
-def test_a_cursor_that_does_not_belong_to_the_server_is_refused_and_nothing_is_read(wdb, relay, forgery):
+def test_a_cursor_that_does_not_belong_to_the_server_is_refused_and_nothing_is_read(wdb, relay, outboxd, forgery):
     db = wdb
     ids = [db.enqueue("refused", {"i": i}, key=f"k{i % 3}" if i % 2 else None) for i in range(12)]
     next_xid, sysid = server_position(db)
@@ -111,6 +111,33 @@ def test_a_cursor_that_does_not_belong_to_the_server_is_refused_and_nothing_is_r
     # The forged cursors were not moved to the server's position.
     snaps = {row["snap_a"] for row in db.query("SELECT snap_a::text FROM {s}.cursors WHERE destination = ''")}
     assert snaps == ({f"{ahead}:{ahead}:"} if forgery == "xid_ahead" else {"1:1:"}), snaps
+
+    # What the refusal tells the operator to do, once checked: reset the
+    # cursors. The next relay then reads the whole outbox and sends it all.
+    assert "outboxd cursor reset" in log, log
+    reset = outboxd("--database-url", db.url, "--schema", db.schema, "cursor", "reset")
+    assert reset.rc == EXIT_OK, reset
+    assert db.scalar("SELECT count(*) FROM {s}.cursors") == 0
+    with Receiver() as rx:
+        relay(rx, "--sweep-interval", "1h", env=WINDOWS)
+        assert wait_delivered(rx, ids, timeout=15), (sorted(rx.ids()), r.log())
+        assert db.wait_empty(timeout=10), events_left(db)
+        assert sorted(rx.ids()) == sorted(ids), "sent twice"
+
+
+def test_cursor_reset_is_refused_while_a_windows_relay_runs_and_changes_nothing(wdb, relay, outboxd):
+    db = wdb
+    with Receiver() as rx:
+        r = relay(rx, "--sweep-interval", "1h", env=WINDOWS)
+        assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.cursors WHERE owner IS NOT NULL") == 64,
+                          timeout=15), r.log()
+        before = db.query("SELECT slot, owner, epoch FROM {s}.cursors ORDER BY slot")
+        reset = outboxd("--database-url", db.url, "--schema", db.schema, "cursor", "reset")
+        assert reset.rc == EXIT_DB_UNSUITABLE, reset
+        assert "1 relay(s) with relay.consume = \"windows\" are running" in reset.stderr, reset
+        assert db.query("SELECT slot, owner, epoch FROM {s}.cursors ORDER BY slot") == before
+        e = db.enqueue("after", {"n": 1})
+        assert wait_delivered(rx, [e], timeout=10), r.log()
 
 
 def start_standby(primary, request):
