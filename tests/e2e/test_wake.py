@@ -182,64 +182,51 @@ def _declared_busy_by_a_burst(db) -> bool:
     return bool(wait_until(lambda: _relay_state(db) is False, 5))
 
 
-def test_auto_mode_catches_a_commit_that_read_busy_and_committed_after_the_relay_went_idle(
-        database_url, db, receiver, relay):
-    """A producer inserts while the relay is declared busy (its trigger does not
-    notify), stays open across the relay's busy -> idle transition, and commits
-    afterwards. Nothing notifies and the sweep is an hour away: only the
-    relay's watch of the transactions in progress at its transition finds it."""
+@pytest.mark.parametrize("producer", ["read_committed_inserts_before", "repeatable_read_inserts_after"])
+def test_auto_mode_claims_promptly_a_commit_that_raced_the_relays_busy_to_idle_transition(
+        database_url, db, receiver, relay, producer):
+    """A producer's transaction stays open across the relay's busy -> idle
+    transition and commits afterwards; the sweep is an hour away.
+
+    read_committed_inserts_before: it inserted while the relay was declared
+    busy (its trigger did not notify). Only the relay's watch of the
+    transactions in progress at its transition finds it.
+
+    repeatable_read_inserts_after: it took its snapshot while the relay was
+    busy and inserts only after the relay went idle and read what was in
+    progress (it had no transaction id then: the watch cannot see it). Its
+    trigger must notify: the declaration is read outside any snapshot
+    (sql/0010; before, it read relay_wake in its old snapshot, saw "busy",
+    and its event waited for the sweep)."""
+    inserts_before = producer == "read_committed_inserts_before"
     r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
     assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
     for attempt in range(5):
         if not _declared_busy_by_a_burst(db):
             continue
-        producer = db.connect()
-        raced = db.enqueue("t", {"raced": True}, conn=producer, commit=False)
-        # Read after the insert: the relay was busy when the trigger read it.
+        conn = db.connect()
+        if inserts_before:
+            event = db.enqueue("t", {"raced": True}, conn=conn, commit=False)
+        else:
+            conn.set_session(isolation_level="REPEATABLE READ")
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1")  # the snapshot
+        # Read after: the relay was busy when the trigger (or snapshot) read it.
         if _relay_state(db) is not False:
-            producer.rollback()
+            conn.rollback()
             continue
         # The relay drains the burst, finds nothing, declares itself idle.
         assert wait_until(lambda: _relay_state(db) is True, 15), r.log()
         time.sleep(0.3)  # the producer stays open across the transition (creates the race)
-        producer.commit()
+        if not inserts_before:
+            event = db.enqueue("t", {"late": True}, conn=conn, commit=False)
+        conn.commit()
         committed = time.monotonic()
-        assert wait_delivered(receiver, [raced], timeout=5), r.log()
-        delay = time.monotonic() - committed
-        assert delay < 1.0, f"the raced event took {delay:.2f}s after its commit"
-        return
-    pytest.fail("could not get the relay declared busy at the producer's insert")
-
-
-def test_auto_mode_notifies_for_a_repeatable_read_producer_whose_snapshot_predates_the_relays_transition(
-        database_url, db, receiver, relay):
-    """A producer in REPEATABLE READ takes its snapshot while the relay is
-    busy and inserts only after the relay went idle and read what was in
-    progress (it had no transaction id then, so the watch cannot see it).
-    Its trigger must still notify: the relay's declaration is read outside
-    any snapshot (sql/0010). The sweep is an hour away."""
-    r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
-    assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
-    for attempt in range(5):
-        if not _declared_busy_by_a_burst(db):
-            continue
-        producer = db.connect()
-        producer.set_session(isolation_level="REPEATABLE READ")
-        with producer.cursor() as cur:
-            cur.execute("SELECT 1")  # the snapshot
-        if _relay_state(db) is not False:
-            producer.rollback()
-            continue
-        assert wait_until(lambda: _relay_state(db) is True, 15), r.log()
-        time.sleep(0.3)  # past the relay's read of the transactions in progress
-        late = db.enqueue("t", {"late": True}, conn=producer, commit=False)
-        producer.commit()
-        committed = time.monotonic()
-        assert wait_delivered(receiver, [late], timeout=5), r.log()
+        assert wait_delivered(receiver, [event], timeout=5), r.log()
         delay = time.monotonic() - committed
         assert delay < 1.0, f"the event took {delay:.2f}s after its commit"
         return
-    pytest.fail("could not get the relay declared busy at the producer's snapshot")
+    pytest.fail("could not get the relay declared busy at the producer's insert or snapshot")
 
 
 def test_auto_mode_an_event_written_while_busy_and_due_after_the_relay_went_idle_fires_on_time(db, receiver, relay):
