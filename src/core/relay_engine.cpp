@@ -203,6 +203,9 @@ void relay_engine::start_claim(std::size_t n) {
 }
 
 void relay_engine::claimed(claim_outcome result) {
+    // Whether an outcome was recorded while this claim ran, judged now:
+    // start_claim() below resets the count for the claim it starts.
+    const bool next_due_authoritative = flushes_recorded_ == flushes_at_claim_;
     claim_backoff_.reset();
     claim_answer_unknown_ = false;
     if (result.released > 0) {
@@ -264,9 +267,7 @@ void relay_engine::claimed(claim_outcome result) {
     // outcome was recorded while the claim ran, its snapshot may predate a
     // retry just written (it saw that row still leased, due at the lease's
     // end): then its answer may only bring the timer forward.
-    if (!dispatch_.stopping() && result.next_due) {
-        arm_next_due(*result.next_due, flushes_recorded_ == flushes_at_claim_);
-    }
+    if (!dispatch_.stopping() && result.next_due) arm_next_due(*result.next_due, next_due_authoritative);
 }
 
 void relay_engine::claim_failed(const std::string& why) {

@@ -654,6 +654,40 @@ TEST_CASE("relay engine: a retry is timed from the write that records it") {
     CHECK(h.armed(relay_timer::next_due)->at == h.clock.now + due_in);
 }
 
+TEST_CASE("relay engine: a claim whose snapshot predates a retry's write does not push its timer back, "
+          "though another claim follows at once") {
+    // The retry is recorded while a claim runs; that claim saw the event
+    // still leased (due at the lease's end) and comes back full, so the
+    // engine claims again before it handles the answer's next-due time.
+    // That time may only bring the timer forward: the write was recorded
+    // while the claim ran, whichever claim runs now.
+    harness h(one_destination(1));
+    h.start();
+    h.claim_returns({make_event(1)});
+    h.answer(h.one<send_command>(), server_error());
+    const auto write = h.one<write_outcomes_command>();
+    const auto due_in = write.batch->fan_outs.at(0).owed.at(0).due_in;
+    h.engine.wake();  // a claim, under way while the write is recorded
+    h.step();
+    REQUIRE(h.has<claim_command>());
+    h.engine.outcomes_written(0);
+    h.step();
+    REQUIRE(h.armed(relay_timer::next_due));
+    const auto retry_at = h.armed(relay_timer::next_due)->at;
+    CHECK(retry_at == h.clock.now + due_in);
+    claim_outcome stale;
+    stale.full = true;
+    stale.events = {make_event(2)};
+    stale.next_due = 30s;  // the event as that claim saw it: leased until the lease's end
+    stale.started = h.clock.now;
+    stale.done = h.clock.now;
+    h.engine.claimed(std::move(stale));
+    h.step();
+    CHECK(h.has<claim_command>());  // full: the next claim is under way
+    const auto timer = h.armed(relay_timer::next_due);
+    CHECK((!timer || timer->at == retry_at));  // not moved to the lease's end
+}
+
 TEST_CASE("relay engine: events no destination can take are settled without a request") {
     auto cfg = one_destination(4);
     cfg.routes = {{{"orders.>"}, {"a"}}};
