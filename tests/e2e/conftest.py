@@ -279,6 +279,27 @@ def admin_execute(url: str, statement, args=None) -> None:
         conn.close()
 
 
+def apply_printed_sql(url: str, script: str) -> None:
+    """Runs what a `--print` of outboxd wrote (BEGIN ... COMMIT), as a
+    migration tool would, in one transaction."""
+    conn = psycopg2.connect(url, connect_timeout=5)
+    try:
+        conn.cursor().execute(script.replace("BEGIN;", "").replace("COMMIT;", ""))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def install_sql_files(url: str, schema: str, upto: int) -> None:
+    """The migration files of sql/ up to number `upto`, each applied with psql
+    as a user's migration tool would (each records itself)."""
+    psql = shutil.which("psql") or "/usr/lib/postgresql/15/bin/psql"
+    for f in sorted((REPO / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))[:upto]:
+        p = subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"schema={schema}", "-d", url,
+                            "-1", "-f", str(f)], capture_output=True, text=True, timeout=30, env=clean_env())
+        assert p.returncode == 0, f"{f.name}: {p.stderr}"
+
+
 def schema_exists(url: str, name: str) -> bool:
     conn = psycopg2.connect(url, connect_timeout=5)
     try:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import secrets
 
-import psycopg2
 import pytest
 
-from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_SCHEMA_MISSING, Db
+from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_SCHEMA_MISSING, Db, apply_printed_sql, install_sql_files
 from helpers import duplicates, wait_delivered, wait_until
 
 WINDOWS = {"OUTBOXD_CONSUME": "windows"}
@@ -134,12 +133,7 @@ def test_consume_setup_print_is_sql_a_migration_tool_can_run_for_a_hostile_schem
         printed = outboxd("consume-setup", "windows", "--print", "--schema", schema)  # needs no database
         assert printed.rc == EXIT_OK, printed
         assert printed.stdout.startswith("-- outboxd consume-setup windows\nBEGIN;\n"), printed.stdout
-        conn = psycopg2.connect(database_url)
-        try:
-            conn.cursor().execute(printed.stdout.replace("BEGIN;", "").replace("COMMIT;", ""))
-            conn.commit()
-        finally:
-            conn.close()
+        apply_printed_sql(database_url, printed.stdout)
         assert _windows_state(db)["indexes"] == ["events_pre_window_key_idx", "events_txid_idx"]
         event = db.enqueue("t", {"n": 1})
         relay(receiver, schema=schema, env=WINDOWS)
@@ -160,3 +154,26 @@ def test_consume_setup_on_an_outbox_older_than_the_binary_says_migrate(outboxd, 
     r = outboxd("consume-setup", "windows", "--database-url", db.url, "--schema", db.schema)
     assert r.rc == EXIT_SCHEMA_MISSING, r
     assert "older than this binary; run `outboxd migrate`" in r.stderr, r
+
+
+def test_migration_0011_takes_the_windows_setup_away_unless_a_windows_relay_has_used_the_outbox(
+        outboxd, database_url, make_schema, request):
+    """0009 as first released set the txid default and built both indexes on
+    every outbox. 0011 removes them where no windows relay has a cursor
+    (producers stop paying), and keeps them where one has (taking the default
+    away would hide every later event from that relay)."""
+    unused, in_use = make_schema(migrate=False), make_schema(migrate=False)
+    dbs = []
+    for name in (unused, in_use):
+        install_sql_files(database_url, name, 9)
+        dbs.append(Db(database_url, name))
+        request.addfinalizer(dbs[-1].close)
+    windows = {"default": "pg_current_xact_id()", "indexes": ["events_pre_window_key_idx", "events_txid_idx"]}
+    assert _windows_state(dbs[0]) == windows  # what 0009 did
+    dbs[1].query("INSERT INTO {s}.cursors (destination, slot, snap_a, system_identifier) "
+                 "VALUES ('', 0, pg_current_snapshot(), (SELECT system_identifier FROM pg_control_system()))")
+    for name in (unused, in_use):
+        r = outboxd("--database-url", database_url, "--schema", name, "migrate")
+        assert r.rc == EXIT_OK, r
+    assert _windows_state(dbs[0]) == {"default": None, "indexes": []}
+    assert _windows_state(dbs[1]) == windows

@@ -19,7 +19,7 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from conftest import REPO, Db, clean_env
+from conftest import Db, install_sql_files
 from helpers import claims_only, wait_delivered, wait_until
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -318,14 +318,6 @@ def test_a_relay_going_busy_while_another_declares_itself_idle_leaves_the_idle_o
         b.close()
 
 
-def _install_sql_files(database_url: str, schema: str, upto: int) -> None:
-    psql = shutil.which("psql") or "/usr/lib/postgresql/15/bin/psql"
-    for f in sorted((REPO / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))[:upto]:
-        p = subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", f"schema={schema}", "-d", database_url,
-                            "-1", "-f", str(f)], capture_output=True, text=True, timeout=30, env=clean_env())
-        assert p.returncode == 0, f"{f.name}: {p.stderr}"
-
-
 def test_migration_0010_moves_installed_triggers_to_the_sequence_and_installs_none_where_there_were_none(
         outboxd, database_url, make_schema, request):
     def triggers(db):
@@ -336,7 +328,7 @@ def test_migration_0010_moves_installed_triggers_to_the_sequence_and_installs_no
 
     notifying, polling = make_schema(migrate=False), make_schema(migrate=False)
     for name in (notifying, polling):
-        _install_sql_files(database_url, name, 9)
+        install_sql_files(database_url, name, 9)
     dbs = [Db(database_url, name) for name in (notifying, polling)]
     for d in dbs:
         request.addfinalizer(d.close)

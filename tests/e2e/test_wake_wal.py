@@ -13,7 +13,8 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from conftest import (EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_PERMISSION_DENIED, EXIT_SCHEMA_MISSING, admin_execute)
+from conftest import (EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_PERMISSION_DENIED, EXIT_SCHEMA_MISSING, admin_execute,
+                      apply_printed_sql)
 from helpers import wait_delivered, wait_until
 
 SLOW = ("--sweep-interval", "1h", "--poll-interval", "1h")
@@ -300,12 +301,7 @@ def test_wake_setup_switches_between_trigger_and_publication_for_a_hostile_schem
         # --print: the same, as SQL a migration tool can run; it needs no database.
         printed = outboxd("wake-setup", "wal", "--print", "--schema", schema)
         assert printed.rc == EXIT_OK, printed
-        conn = psycopg2.connect(database_url)
-        try:
-            conn.cursor().execute(printed.stdout.replace("BEGIN;", "").replace("COMMIT;", ""))
-            conn.commit()
-        finally:
-            conn.close()
+        apply_printed_sql(database_url, printed.stdout)
         assert _triggers(db) == 0 and publication()["tables"] == ["deliveries(event_id)", "events(id)"]
         # Removed along with the schema's tables by the teardown; the publication with it.
         admin_execute(database_url, sql.SQL("DROP PUBLICATION {}").format(sql.Identifier("outboxd_" + schema)))

@@ -47,6 +47,16 @@ def prepare_windows(outboxd, url: str, schema: str) -> None:
     assert r.rc == EXIT_OK, f"outboxd consume-setup windows failed: {r!r}"
 
 
+def windows_outbox_on(url: str, make_schema, outboxd, request, name=None) -> Db:
+    """A migrated schema on the cluster at `url`, ready for windows; its Db
+    helper is closed at teardown."""
+    schema = make_schema(url=url, name=name)
+    prepare_windows(outboxd, url, schema)
+    db = Db(url, schema)
+    request.addfinalizer(db.close)
+    return db
+
+
 @pytest.fixture
 def wdb(db, outboxd):
     """The test's Db, its schema ready for windows."""
@@ -162,10 +172,8 @@ def start_standby(primary, request):
 
 def test_a_standby_is_refused_before_anything_is_written(pg_cluster, make_schema, relay, outboxd, request):
     primary = pg_cluster()
-    schema = make_schema(url=primary.url)
-    prepare_windows(outboxd, primary.url, schema)
-    db = Db(primary.url, schema)
-    request.addfinalizer(db.close)
+    db = windows_outbox_on(primary.url, make_schema, outboxd, request)
+    schema = db.schema
     ids = [db.enqueue("standby", {"i": i}) for i in range(5)]
     standby = start_standby(primary, request)
     sdb = Db(standby.url, schema)
@@ -193,10 +201,8 @@ def test_a_relay_that_reconnects_to_a_restored_cluster_refuses_its_cursors(
     the cursors: new events there would look already read. The relay, after
     reconnecting, must refuse before reading a window there."""
     first = pg_cluster()
-    schema = make_schema(url=first.url)
-    prepare_windows(outboxd, first.url, schema)
-    db = Db(first.url, schema)
-    request.addfinalizer(db.close)
+    db = windows_outbox_on(first.url, make_schema, outboxd, request)
+    schema = db.schema
     # The first cluster's counter well ahead of the second's.
     conn = psycopg2.connect(first.url, connect_timeout=5, application_name=TEST_APP)
     conn.autocommit = True
@@ -228,10 +234,7 @@ def test_a_relay_that_reconnects_to_a_restored_cluster_refuses_its_cursors(
         request.addfinalizer(lambda: shutil.rmtree(second.dir, ignore_errors=True))
         request.addfinalizer(second.stop)
         second.start()
-        make_schema(name=schema, url=second.url)
-        prepare_windows(outboxd, second.url, schema)
-        db2 = Db(second.url, schema)
-        request.addfinalizer(db2.close)
+        db2 = windows_outbox_on(second.url, make_schema, outboxd, request, name=schema)
         for c in cursors:
             db2.query("INSERT INTO {s}.cursors (destination, slot, snap_a, snap_b, done_below, epoch, "
                       "system_identifier) VALUES (%(destination)s, %(slot)s, %(snap_a)s, %(snap_b)s, "
@@ -514,10 +517,8 @@ def test_a_long_transaction_blocks_no_window_and_its_event_is_delivered_once_it_
 # --------------------------------------------------------------------------
 def test_postgres_restart_mid_drain_loses_nothing(pg_cluster, make_schema, relay, outboxd, request):
     cluster = pg_cluster()
-    schema = make_schema(url=cluster.url)
-    prepare_windows(outboxd, cluster.url, schema)
-    db = Db(cluster.url, schema)
-    request.addfinalizer(db.close)
+    db = windows_outbox_on(cluster.url, make_schema, outboxd, request)
+    schema = db.schema
     with Receiver(slow(0.003)) as rx:
         r = relay(rx, *DRAIN_FLAGS, database_url=cluster.url, schema=schema, env=WINDOWS)
         key_of = enqueue_backlog(db, 2000, keys=20)
