@@ -298,6 +298,17 @@ int cmd_wake_setup(const parsed_args& args) {
 // "Consumption modes"), in one transaction. Taking the txid default away
 // while a windows relay runs would hide every later event from its windows:
 // refused, checked in the transaction that holds the events table's lock.
+// Exit 8 while a relay reading windows is alive on this outbox: what the
+// caller is about to change would pull the ground from under it.
+void refuse_while_windows_relays_run(pqxx::work& tx, const pg::query_book& book, std::string_view what_to_do) {
+    const auto relays = tx.exec(book.sql<pg::q::windows_relays_alive>())[0][0].as<long long>();
+    if (relays > 0) {
+        throw fatal_error(exit_db_unsuitable,
+                          fmt::format("{} relay(s) with relay.consume = \"windows\" are running on this outbox; {}",
+                                      relays, what_to_do));
+    }
+}
+
 int cmd_consume_setup(const parsed_args& args) {
     const auto& mode = args.subcommand;
     if (args.flag("print")) {
@@ -309,14 +320,10 @@ int cmd_consume_setup(const parsed_args& args) {
     }
     const auto schema = in_outbox_transaction(args, [&](pqxx::work& tx, const std::string& name) {
         for (const auto& statement : pg::consume_setup_statements(name, mode)) tx.exec(statement);
-        if (mode != "claims") return;
-        const auto relays = tx.exec(pg::query_book(name).sql<pg::q::windows_relays_alive>())[0][0].as<long long>();
-        if (relays > 0) {
-            throw fatal_error(exit_db_unsuitable,
-                              fmt::format("{} relay(s) with relay.consume = \"windows\" are running on this outbox; "
-                                          "stop them, or restart them with relay.consume = \"claims\", then run "
-                                          "`outboxd consume-setup claims` again",
-                                          relays));
+        if (mode == "claims") {
+            refuse_while_windows_relays_run(tx, pg::query_book(name),
+                                            "stop them, or restart them with relay.consume = \"claims\", then run "
+                                            "`outboxd consume-setup claims` again");
         }
     });
     log::info("consumption set up", {{"schema", schema}, {"mode", mode}});
@@ -333,13 +340,7 @@ int cmd_cursor_reset(const parsed_args& args) {
     const auto schema = in_outbox_transaction(args, [&](pqxx::work& tx, const std::string& name) {
         const pg::query_book book(name);
         tx.exec(book.sql<pg::q::cursors_lock>());
-        const auto relays = tx.exec(book.sql<pg::q::windows_relays_alive>())[0][0].as<long long>();
-        if (relays > 0) {
-            throw fatal_error(exit_db_unsuitable,
-                              fmt::format("{} relay(s) with relay.consume = \"windows\" are running on this outbox; "
-                                          "stop every relay, then run `outboxd cursor reset` again",
-                                          relays));
-        }
+        refuse_while_windows_relays_run(tx, book, "stop every relay, then run `outboxd cursor reset` again");
         removed = tx.exec(book.sql<pg::q::cursors_reset>())[0][0].as<long long>();
     });
     log::info("window cursors reset: the next windows relay reads every event still in the outbox",
