@@ -449,6 +449,7 @@ struct status_view {
     std::map<std::string, status_counts> topics;
     std::map<std::string, status_counts> destinations;
     std::map<std::string, std::string> circuits;  // destination -> what the live relays report
+    std::optional<windows_report> windows;        // nullopt: read by claims
 };
 
 status_view read_status(pqxx::connection& conn, const config& c) {
@@ -480,6 +481,7 @@ status_view read_status(pqxx::connection& conn, const config& c) {
                                ? "open"
                                : fmt::format("open {}/{}", open, reports.live_relays);
     }
+    v.windows = pg::windows_status(conn, c.schema);
     return v;
 }
 
@@ -499,11 +501,37 @@ std::string render_status(const status_view& v) {
                            d.waiting_on_key, d.scheduled, d.in_flight, d.retrying, d.dead, d.oldest_pending_seconds,
                            circuit == v.circuits.end() ? "-" : circuit->second);
     }
+    if (v.windows) {
+        out += '\n';
+        for (const auto& line : windows_lines(*v.windows)) out += line + '\n';
+    }
     return out;
 }
 
+nlohmann::json windows_json(const windows_report& w) {
+    const auto opt = [](const auto& o) { return o ? nlohmann::json(*o) : nlohmann::json(); };
+    auto holding = nlohmann::json::array();
+    for (const auto& t : w.holding_back) {
+        holding.push_back({{"xid", t.xid},
+                           {"gid", opt(t.gid)},
+                           {"prepared_by", opt(t.prepared_by)},
+                           {"pid", opt(t.pid)},
+                           {"state", opt(t.state)},
+                           {"application_name", opt(t.application_name)},
+                           {"age_seconds", opt(t.age_seconds)}});
+    }
+    return {{"cursors", w.cursors},
+            {"held", w.held},
+            {"relays", w.relays},
+            {"oldest_checkpoint_seconds", w.oldest_checkpoint_seconds},
+            {"oldest_checkpoint_slot", w.oldest_checkpoint_slot},
+            {"refusal", w.refusal.empty() ? nlohmann::json() : nlohmann::json(w.refusal)},
+            {"holding_back", std::move(holding)}};
+}
+
 std::string render_status_json(const status_view& v) {
-    // One object per line, like `dead list --json`: topics, then destinations.
+    // One object per line, like `dead list --json`: topics, then destinations,
+    // then the windows (only where relays read them).
     std::string out;
     for (const auto& [topic, t] : v.topics) {
         auto j = t.json();
@@ -517,6 +545,7 @@ std::string render_status_json(const status_view& v) {
         j["circuit"] = circuit == v.circuits.end() ? nlohmann::json() : nlohmann::json(circuit->second);
         out += j.dump() + '\n';
     }
+    if (v.windows) out += nlohmann::json{{"windows", windows_json(*v.windows)}}.dump() + '\n';
     return out;
 }
 

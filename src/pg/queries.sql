@@ -1060,6 +1060,60 @@ UNION ALL
 SELECT NULL, 0, (SELECT count(*) FROM live)
 ORDER BY 1 NULLS FIRST;
 
+-- name: windows_cursors_status
+-- The relay cursors of commit-ordered windows (destination ''), for
+-- `outboxd status`: each slot's position (to check it against the server,
+-- core/window_safety.hpp), how long since it was last checkpointed, and
+-- whether its owner is a live relay (its claiming session holds its
+-- advisory lock, seen in pg_locks as in `circuits`: status only looks, it
+-- never tries the lock). No rows: the outbox is read by claims.
+WITH live AS (
+    SELECT r.lease_owner
+    FROM :"schema".relays r
+    WHERE EXISTS (SELECT 1 FROM pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND ((l.classid::bigint << 32) | l.objid::bigint) = r.lock_key)
+)
+SELECT c.slot, c.owner, c.owner IN (SELECT lease_owner FROM live) AS owner_alive,
+       c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.system_identifier,
+       extract(epoch FROM now() - c.checkpointed_at)::float8 AS checkpoint_age_seconds
+FROM :"schema".cursors c
+WHERE c.destination = ''
+ORDER BY c.slot;
+
+-- name: windows_holding_back
+-- For `outboxd status`, once the cursors are known to belong to this
+-- server: the transactions still running that were already running when
+-- the slowest cursor last moved (in progress in the xip of the oldest A, as
+-- cleanup_window_events orders them). While one runs, PostgreSQL keeps
+-- every row version since it began: the deleted window events stay on disk,
+-- and each checkpoint of the cursors adds a row version every statement
+-- that reads them walks. Each with what says whose it is: a prepared
+-- transaction's gid, owner and age, or the backend's pid, state,
+-- application and age (xact_start; NULL where the role may not see other
+-- roles' sessions). Below the server's next xid only (pg_xact_status
+-- refuses an xid from the future). The oldest five.
+WITH oldest AS (
+    SELECT c.snap_a
+    FROM :"schema".cursors c
+    WHERE c.destination = ''
+    ORDER BY pg_snapshot_xmax(c.snap_a), (SELECT count(*) FROM pg_snapshot_xip(c.snap_a)) DESC
+    LIMIT 1
+), running AS (
+    SELECT x.xid
+    FROM oldest o CROSS JOIN LATERAL pg_snapshot_xip(o.snap_a) AS x(xid)
+    WHERE x.xid < pg_snapshot_xmax(pg_current_snapshot())
+      AND pg_xact_status(x.xid) = 'in progress'
+)
+SELECT r.xid::text AS xid, p.gid, p.owner::text AS prepared_by, a.pid, a.state, a.application_name,
+       extract(epoch FROM now() - coalesce(p.prepared, a.xact_start))::float8 AS age_seconds
+FROM running r
+LEFT JOIN pg_prepared_xacts p ON p.transaction = r.xid::xid
+LEFT JOIN pg_stat_activity a ON a.backend_xid = r.xid::xid
+ORDER BY r.xid
+LIMIT 5;
+
 -- name: release_waiting_deliveries
 -- params: destination
 -- A destination recovered (its circuit closed): the deliveries waiting out a

@@ -3,6 +3,7 @@
 #include <pqxx/pqxx>
 
 #include "pg/named_queries.hpp"
+#include "pg/store.hpp"
 #include "pg/typed_query.hpp"
 
 namespace outboxd::pg {
@@ -40,6 +41,42 @@ circuit_reports published_circuits(pqxx::connection& conn, const std::string& sc
         out.destinations.push_back({row[col::destination].c_str(), row[col::open].as<std::int64_t>()});
     }
     return out;
+}
+
+std::optional<windows_report> windows_status(pqxx::connection& conn, const std::string& schema) {
+    const query_book book(schema);
+    pqxx::read_transaction tx(conn);
+    std::vector<window_cursor_state> cursors;
+    {
+        using col = q::windows_cursors_status::col;
+        for (const auto& row : exec<q::windows_cursors_status>(tx, book)) {
+            window_cursor_state c;
+            c.slot = row[col::slot].as<int>();
+            if (!row[col::owner].is_null()) c.owner = row[col::owner].as<std::string>();
+            c.owner_alive = row[col::owner_alive].as<bool>(false);
+            c.snap_a = row[col::snap_a].as<std::string>();
+            if (!row[col::snap_b].is_null()) c.snap_b = row[col::snap_b].as<std::string>();
+            c.system_identifier = row[col::system_identifier].as<std::int64_t>();
+            c.checkpoint_age_seconds = row[col::checkpoint_age_seconds].as<double>();
+            cursors.push_back(std::move(c));
+        }
+    }
+    const auto server = read_server_position(tx, book);
+    auto report = judge_windows(cursors, server);
+    if (!report || report->verdict != window_verdict::fine) return report;
+    using col = q::windows_holding_back::col;
+    for (const auto& row : exec<q::windows_holding_back>(tx, book)) {
+        holding_transaction t;
+        t.xid = row[col::xid].as<std::string>();
+        if (!row[col::gid].is_null()) t.gid = row[col::gid].as<std::string>();
+        if (!row[col::prepared_by].is_null()) t.prepared_by = row[col::prepared_by].as<std::string>();
+        if (!row[col::pid].is_null()) t.pid = row[col::pid].as<std::int64_t>();
+        if (!row[col::state].is_null()) t.state = row[col::state].as<std::string>();
+        if (!row[col::application_name].is_null()) t.application_name = row[col::application_name].as<std::string>();
+        if (!row[col::age_seconds].is_null()) t.age_seconds = row[col::age_seconds].as<double>();
+        report->holding_back.push_back(std::move(t));
+    }
+    return report;
 }
 
 }  // namespace outboxd::pg

@@ -9,6 +9,8 @@
 
 #include <pqxx/connection>
 
+#include "core/windows_report.hpp"
+
 namespace outboxd::pg {
 
 // Work in the outbox of one topic at one destination, each piece in exactly
@@ -44,5 +46,11 @@ struct circuit_reports {
 };
 
 [[nodiscard]] circuit_reports published_circuits(pqxx::connection& conn, const std::string& schema);
+
+// Commit-ordered windows (core/windows_report.hpp): nullopt when the outbox
+// has no relay cursors. The transactions holding the cursors back are read
+// only when the cursors belong to this server (their xids mean nothing
+// elsewhere).
+[[nodiscard]] std::optional<windows_report> windows_status(pqxx::connection& conn, const std::string& schema);
 
 }  // namespace outboxd::pg

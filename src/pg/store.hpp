@@ -50,6 +50,9 @@ enum class claim_from {
 using outboxd::claim_size;
 using outboxd::largest_claim;
 
+// The server as window_safety reads it (core/window_safety.hpp), in `tx`.
+[[nodiscard]] server_position read_server_position(pqxx::transaction_base& tx, const query_book& queries);
+
 // Stored error texts are bounded: a huge error page must not bloat the row.
 inline constexpr std::size_t max_error_bytes = 2048;
 

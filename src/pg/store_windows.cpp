@@ -267,13 +267,15 @@ server_position store::window_safety() {
     });
 }
 
-server_position store::window_safety_now(pqxx::transaction_base& tx) {
+server_position read_server_position(pqxx::transaction_base& tx, const query_book& queries) {
     using col = q::window_safety::col;
-    const auto row = exec<q::window_safety>(tx, queries_).one();
+    const auto row = exec<q::window_safety>(tx, queries).one();
     return server_position{.in_recovery = row[col::in_recovery].as<bool>(),
                            .next_xid = parse_number<std::uint64_t>(row[col::next_xid].as<std::string>()),
                            .system_identifier = row[col::system_identifier].as<std::int64_t>()};
 }
+
+server_position store::window_safety_now(pqxx::transaction_base& tx) { return read_server_position(tx, queries_); }
 
 void store::check_window_server() {
     const auto server = window_safety();

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
 from typing import Callable, Iterable
 
 import pytest
+from psycopg2 import sql
 
 
 def claims_only(why: str):
@@ -62,3 +64,20 @@ def duplicates(ids: Iterable[int]) -> dict:
     for i in ids:
         counts[i] = counts.get(i, 0) + 1
     return {i: c for i, c in counts.items() if c > 1}
+
+
+@contextlib.contextmanager
+def two_phase_transaction(db, gid: str):
+    """A connection in a two-phase transaction named `gid` (tpc_begin; the
+    caller prepares and commits it). Never left prepared: a forgotten one
+    would hold back the whole cluster for every later test."""
+    conn = db.connect()
+    conn.tpc_begin(gid)
+    try:
+        yield conn
+    finally:
+        if db.scalar("SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,)):
+            cleanup = db.connect()
+            cleanup.autocommit = True
+            with cleanup.cursor() as cur:
+                cur.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))

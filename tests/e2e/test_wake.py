@@ -20,7 +20,7 @@ import pytest
 from psycopg2 import sql
 
 from conftest import Db, install_sql_files
-from helpers import claims_only, wait_delivered, wait_until
+from helpers import claims_only, two_phase_transaction, wait_delivered, wait_until
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
@@ -94,6 +94,35 @@ def _remove_trigger(outboxd, db):
     assert r.rc == 0, r.output()
     assert db.scalar("SELECT count(*) FROM pg_trigger WHERE tgname IN ('events_notify', 'deliveries_notify') "
                      "AND tgrelid::regclass::text LIKE %s", (f"%{db.schema}%",)) == 0
+
+
+def test_two_phase_commit_producers_need_a_mode_without_the_trigger(outboxd, db, receiver, relay):
+    """PostgreSQL refuses to PREPARE a transaction that ran NOTIFY. Under
+    `auto` a producer's insert notifies while a relay is idle, so an
+    application using PREPARE TRANSACTION (XA) cannot prepare then; without
+    the trigger (`poll`, or `wal`: test_wake_wal.py) its event is delivered
+    once COMMIT PREPARED makes it visible (README: Wake-up modes)."""
+    r = relay(receiver, "--sweep-interval", "1h")
+    assert wait_until(lambda: db.scalar("SELECT count(*) FROM {s}.relay_wake WHERE idle"), 10), r.log()
+    gid = f"outboxd-test-{os.urandom(4).hex()}"
+    with two_phase_transaction(db, gid) as xa:
+        db.enqueue("xa", {"mode": "auto"}, conn=xa, commit=False)
+        with pytest.raises(psycopg2.errors.FeatureNotSupported, match="cannot PREPARE a transaction that has "
+                                                                      "executed LISTEN, UNLISTEN, or NOTIFY"):
+            xa.tpc_prepare()
+    r.stop()
+    assert db.scalar("SELECT count(*) FROM {s}.events") == 0  # nothing half-written
+
+    _remove_trigger(outboxd, db)
+    r = relay(receiver, "--wake", "poll", "--poll-interval", "100ms", "--sweep-interval", "1h")
+    with two_phase_transaction(db, gid) as xa:
+        event = db.enqueue("xa", {"mode": "poll"}, conn=xa, commit=False)
+        xa.tpc_prepare()
+        time.sleep(0.5)
+        assert event not in receiver.ids(), "a prepared transaction's event went out before COMMIT PREPARED"
+        xa.tpc_commit()
+    assert wait_delivered(receiver, [event], timeout=5), r.log()
+    assert db.wait_empty(5), db.events()
 
 
 def test_wake_trigger_remove_and_install_round_trip(outboxd, db):

@@ -15,7 +15,7 @@ from psycopg2 import sql
 
 from conftest import (EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_PERMISSION_DENIED, EXIT_SCHEMA_MISSING, admin_execute,
                       apply_printed_sql)
-from helpers import wait_delivered, wait_until
+from helpers import two_phase_transaction, wait_delivered, wait_until
 
 SLOW = ("--sweep-interval", "1h", "--poll-interval", "1h")
 
@@ -78,6 +78,26 @@ def test_wal_mode_delivers_promptly_with_no_trigger_and_the_sweep_and_poll_an_ho
         (_slots(db, r.pid), now_lsn)
     assert "level=error" not in r.log()
     assert "WAL stream lost" not in r.log()  # the same slot all along
+
+
+def test_a_prepared_transactions_event_is_delivered_promptly_after_commit_prepared(wal_db, receiver, relay):
+    """Two-phase commit needs no trigger (no NOTIFY, which PREPARE refuses):
+    the commit is streamed at COMMIT PREPARED."""
+    db = wal_db
+    r = relay(receiver, "--wake", "wal", *SLOW)
+    assert wait_until(lambda: _started(r), 10), r.log()
+    gid = f"outboxd-test-{secrets.token_hex(4)}"
+    with two_phase_transaction(db, gid) as xa:
+        event = db.enqueue("xa", {"n": 1}, conn=xa, commit=False)
+        xa.tpc_prepare()
+        time.sleep(0.3)
+        assert event not in receiver.ids(), "sent before COMMIT PREPARED"
+        xa.tpc_commit()
+        committed = time.monotonic()
+    assert wait_delivered(receiver, [event], timeout=5), r.log()
+    delay = time.monotonic() - committed
+    assert delay < 1.0, f"{delay:.2f}s after COMMIT PREPARED"
+    assert "level=error" not in r.log()
 
 
 def test_a_producer_open_across_the_slot_creation_is_delivered_when_it_commits(wal_db, receiver, relay):

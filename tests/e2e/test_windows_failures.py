@@ -17,6 +17,7 @@ run in the normal suite.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -31,7 +32,7 @@ import pytest
 from psycopg2 import sql
 
 from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, TEST_APP, Db, PgCluster, clean_env
-from helpers import wait_delivered, wait_until
+from helpers import two_phase_transaction, wait_delivered, wait_until
 from receiver import Receiver
 
 # relay.consume for every relay of this file (overrides OUTBOXD_TEST_CONSUME).
@@ -84,6 +85,14 @@ def events_left(db) -> set:
     return {r["id"] for r in db.query("SELECT id FROM {s}.events")}
 
 
+def windows_status(outboxd, db) -> dict | None:
+    """The "windows" object of `outboxd status --json` (None: no cursors)."""
+    r = outboxd("--database-url", db.url, "--schema", db.schema, "status", "--json")
+    assert r.rc == EXIT_OK, r
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    return next((row["windows"] for row in rows if "windows" in row), None)
+
+
 # --------------------------------------------------------------------------
 # 1. cursors that do not belong to this server are refused
 # --------------------------------------------------------------------------
@@ -122,12 +131,23 @@ def test_a_cursor_that_does_not_belong_to_the_server_is_refused_and_nothing_is_r
     snaps = {row["snap_a"] for row in db.query("SELECT snap_a::text FROM {s}.cursors WHERE destination = ''")}
     assert snaps == ({f"{ahead}:{ahead}:"} if forgery == "xid_ahead" else {"1:1:"}), snaps
 
+    # The relay is gone; `outboxd status` judges the cursors by its rules
+    # and says the same, remedy included.
+    text = outboxd("--database-url", db.url, "--schema", db.schema, "status")
+    assert text.rc == EXIT_OK, text
+    refusal = next((line for line in text.stdout.splitlines() if line.startswith("windows cannot be read here")), "")
+    assert re.search(expected, refusal) and "outboxd cursor reset" in refusal, text.stdout
+    w = windows_status(outboxd, db)
+    assert w["cursors"] == 64 and w["held"] == 0 and re.search(expected, w["refusal"] or ""), w
+    assert w["holding_back"] == [], w  # xids of another server are not looked up here
+
     # What the refusal tells the operator to do, once checked: reset the
     # cursors. The next relay then reads the whole outbox and sends it all.
     assert "outboxd cursor reset" in log, log
     reset = outboxd("--database-url", db.url, "--schema", db.schema, "cursor", "reset")
     assert reset.rc == EXIT_OK, reset
     assert db.scalar("SELECT count(*) FROM {s}.cursors") == 0
+    assert windows_status(outboxd, db) is None
     with Receiver() as rx:
         relay(rx, "--sweep-interval", "1h", env=WINDOWS)
         assert wait_delivered(rx, ids, timeout=15), (sorted(rx.ids()), r.log())
@@ -510,6 +530,59 @@ def test_a_long_transaction_blocks_no_window_and_its_event_is_delivered_once_it_
         assert r.alive()
         assert sorted(set(rx.delivered_ids())) == sorted([warm, long_id, *others])
     print(f"\nthe long transaction's event arrived {latency * 1000:.0f} ms after its commit")
+
+
+def test_status_shows_the_cursors_and_the_transactions_that_hold_them_back(wdb, relay, outboxd):
+    """A session left idle in a transaction and a forgotten prepared
+    transaction keep every row version since they began: `outboxd status`
+    names both (pid, gid), and neither once they end. Polled: PostgreSQL
+    refuses to PREPARE a transaction that ran NOTIFY, which the wake-up
+    trigger does while a relay is idle (README: Wake-up modes)."""
+    db = wdb
+    gid = f"outboxd-test-{os.urandom(4).hex()}"
+    setup = outboxd("--database-url", db.url, "--schema", db.schema, "wake-setup", "poll")
+    assert setup.rc == EXIT_OK, setup
+    with Receiver() as rx:
+        r = relay(rx, "--wake", "poll", "--poll-interval", "100ms", "--sweep-interval", "1h", env=WINDOWS)
+        warm = db.enqueue("held", {"phase": "warm"})
+        assert wait_delivered(rx, [warm], 10)
+        w = wait_until(lambda: (lambda v: v if v and v["held"] == 64 else None)(windows_status(outboxd, db)), 10)
+        assert w, windows_status(outboxd, db)
+        assert w["cursors"] == 64 and w["relays"] == 1 and w["refusal"] is None and w["holding_back"] == [], w
+
+        session = db.connect()
+        session_id = db.enqueue("held", {"phase": "session"}, conn=session, commit=False)
+        pid = session.get_backend_pid()
+        with two_phase_transaction(db, gid) as prepared:
+            prepared_id = db.enqueue("held", {"phase": "prepared"}, conn=prepared, commit=False)
+            prepared.tpc_prepare()
+            # Later commits move the cursors past both.
+            later = [db.enqueue("held", {"phase": "later", "i": i}) for i in range(3)]
+            assert wait_delivered(rx, later, 10)
+
+            def both_named():
+                v = windows_status(outboxd, db)
+                held = v["holding_back"] if v else []
+                if any(t["gid"] == gid for t in held) and any(t["pid"] == pid for t in held):
+                    return v
+                return None
+
+            w = wait_until(both_named, 10)
+            assert w, windows_status(outboxd, db)
+            by_pid = next(t for t in w["holding_back"] if t["pid"] == pid)
+            assert by_pid["state"] == "idle in transaction" and by_pid["application_name"] == TEST_APP, by_pid
+            by_gid = next(t for t in w["holding_back"] if t["gid"] == gid)
+            assert by_gid["pid"] is None and by_gid["prepared_by"] and by_gid["age_seconds"] >= 0, by_gid
+            text = outboxd("--database-url", db.url, "--schema", db.schema, "status")
+            line = next((l for l in text.stdout.splitlines() if l.startswith("windows held back")), "")
+            assert f"prepared '{gid}'" in line and f"pid {pid}, idle in transaction" in line, text.stdout
+            assert session_id not in rx.ids() and prepared_id not in rx.ids()
+
+            session.commit()
+            prepared.tpc_commit()
+        assert wait_delivered(rx, [session_id, prepared_id], 10), rx.ids()
+        assert wait_until(lambda: windows_status(outboxd, db)["holding_back"] == [], 10), windows_status(outboxd, db)
+        assert r.alive()
 
 
 # --------------------------------------------------------------------------
