@@ -1061,6 +1061,9 @@ void relay_engine::write_checkpoint() {
     if (!reader_ || checkpointing_) return;
     auto position = reader_->checkpoint();
     if (!position) return;
+    const auto now = clock_.steady();
+    if (!checkpoint_pacing_.due(position->snap_b.value_or(position->snap_a), now)) return;
+    checkpoint_pacing_.written(now);
     checkpointing_ = true;
     emit(checkpoint_command{std::move(*position)});
 }

@@ -104,6 +104,7 @@
 #include "core/rate_meter.hpp"
 #include "core/relay_metrics.hpp"
 #include "core/routing.hpp"
+#include "core/checkpoint_pacing.hpp"
 #include "core/window_reader.hpp"
 
 namespace outboxd {
@@ -285,7 +286,8 @@ public:
     void window_cleanup_done(bool more);
 
     // How often the held window cursors are checkpointed (and delivered
-    // window events below every cursor deleted).
+    // window events below every cursor deleted): at most this often, and
+    // further apart while a transaction runs long (core/checkpoint_pacing).
     static constexpr std::chrono::milliseconds checkpoint_interval{1'000};
     // Events read from windows and not handed out yet, at most (per relay).
     // A page reads about window_page_bytes of bodies (by the last page's
@@ -525,6 +527,7 @@ private:
     bool taking_cursors_ = false;
     std::size_t cursor_share_ = window_slots;
     bool checkpointing_ = false;
+    checkpoint_pacing checkpoint_pacing_;  // further apart while a transaction runs long
     bool cleaning_windows_ = false;
     bool window_read_deferred_ = false;  // a read was due while the queue was full
 };

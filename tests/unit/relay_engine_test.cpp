@@ -1300,6 +1300,54 @@ TEST_CASE("relay engine, windows: the checkpoint is written once a second when i
     CHECK_FALSE(h.has<checkpoint_command>());  // nothing moved
 }
 
+TEST_CASE("relay engine, windows: checkpoints come further apart while a transaction runs long") {
+    harness h(windows_config(4));
+    h.engine.start("msg_0000000000000001_");
+    h.step();
+    auto timer = *h.armed(relay_timer::checkpoint);
+    h.claim_returns({});
+    h.engine.cursors_taken(cursors_at("1:1:"), 64);
+    h.step();
+    // Every second a window with one event, its B showing xid 100 still
+    // running (`held`), or nothing running at all.
+    std::int64_t id = 0;
+    const auto second = [&](bool held) {
+        h.engine.wake();  // a notification: the next window is read
+        h.step();
+        (void)h.all<claim_command>();
+        ++id;
+        claim_outcome o;
+        const auto xmax = std::to_string(400 + id);
+        o.window = window_page{held ? "100:" + xmax + ":100" : xmax + ":" + xmax + ":", {window_event(id)}, false};
+        o.started = h.clock.now;
+        o.done = h.clock.now;
+        h.engine.claimed(std::move(o));
+        h.step();
+        for (const auto& s : h.all<send_command>()) h.answer(s, ok());
+        h.clock.advance(relay_engine::checkpoint_interval);
+        h.engine.timer_fired(relay_timer::checkpoint, timer.generation);
+        h.step();
+        timer = *h.armed(relay_timer::checkpoint);
+        const auto checkpoints = h.all<checkpoint_command>();
+        for (const auto& c : checkpoints) h.engine.checkpointed(c.position, c.position.slots.size());
+        h.step();
+        (void)h.all<housekeeping_command>();
+        return checkpoints.size();
+    };
+    std::size_t written = 0;
+    for (int s = 0; s < 30; ++s) written += second(true);
+    CHECK(written == 30);  // the first 30 s: once a second
+    written = 0;
+    for (int s = 30; s < 120; ++s) written += second(true);
+    // held / 30: every 1-4 s over the next 90 s (about 30 + 30 ln 4 = 72 in all)
+    CHECK(written >= 35);
+    CHECK(written <= 50);
+    // It ended: once a second again at once.
+    written = 0;
+    for (int s = 0; s < 10; ++s) written += second(false);
+    CHECK(written == 10);
+}
+
 TEST_CASE("relay engine, windows: a failed event is parked, and its key's later events behind it, in order") {
     harness h(windows_config(4));
     (void)start_reading(h);
