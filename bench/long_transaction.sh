@@ -86,7 +86,7 @@ psql -X "$url" -c "
   SELECT calls, round((total_exec_time / calls)::numeric * 1000) AS exec_us_per_call,
          round(rows::numeric / calls, 1) AS rows_per_call,
          left(regexp_replace(query, '\s+', ' ', 'g'), 50) AS statement
-  FROM pg_stat_statements WHERE calls > 10 ORDER BY total_exec_time DESC LIMIT 4"
+  FROM pg_stat_statements WHERE calls > 10 ORDER BY total_exec_time DESC LIMIT 6"
 wait "$producer" || true
 kill "$sampler" 2>/dev/null || true
 
@@ -109,8 +109,8 @@ for k in sorted(buckets):
     print(f"  {k * 15:+4d}..{k * 15 + 15:+4d} s  claims {len(v):5d}  median {v[len(v) // 2]:6d} us"
           f"  p90 {v[int(len(v) * 0.9)]:6d} us")
 
-# Mean execution per call of each 15 s interval, for the 4 statements with
-# the most execution time overall.
+# Mean execution per call of each 15 s interval, for the 6 statements with
+# the most execution time overall (pg_sleep, the hold itself, among them).
 samples = {}
 import os
 if os.path.exists(d + "/statements.tsv"):
@@ -119,7 +119,7 @@ if os.path.exists(d + "/statements.tsv"):
         samples.setdefault(int(i), {})[qid] = (int(calls), float(total), text)
 if samples:
     last = samples[max(samples)]
-    top = sorted(last, key=lambda q: -last[q][1])[:4]
+    top = sorted(last, key=lambda q: -last[q][1])[:6]
     print("mean execution per call (pg_stat_statements), per 15 s from the start of the hold:")
     for q in top:
         print(f"  {last[q][2]}")

@@ -1228,6 +1228,18 @@ claim_command start_reading(harness& h) {
     return h.one<claim_command>();
 }
 
+// Starts a windows engine that takes every cursor at "1:1:" (its first
+// claim found nothing); returns the checkpoint timer it armed.
+auto start_holding_cursors(harness& h) {
+    h.engine.start("msg_0000000000000001_");
+    h.step();
+    const auto timer = *h.armed(relay_timer::checkpoint);
+    h.claim_returns({});
+    h.engine.cursors_taken(cursors_at("1:1:"), 64);
+    h.step();
+    return timer;
+}
+
 void page_returns(harness& h, std::vector<window_event_read> events, bool full = false) {
     claim_outcome o;
     o.window = window_page{"9:9:", std::move(events), full};
@@ -1272,12 +1284,7 @@ TEST_CASE("relay engine, windows: a key's events go out one at a time with no wr
 
 TEST_CASE("relay engine, windows: the checkpoint is written once a second when it moved; cleanup follows it") {
     harness h(windows_config(4));
-    h.engine.start("msg_0000000000000001_");
-    h.step();
-    auto timer = *h.armed(relay_timer::checkpoint);
-    h.claim_returns({});
-    h.engine.cursors_taken(cursors_at("1:1:"), 64);
-    h.step();
+    auto timer = start_holding_cursors(h);
     page_returns(h, {window_event(1), window_event(2)});
     const auto sends = h.all<send_command>();
     REQUIRE(sends.size() == 2);
@@ -1302,12 +1309,7 @@ TEST_CASE("relay engine, windows: the checkpoint is written once a second when i
 
 TEST_CASE("relay engine, windows: checkpoints come further apart while a transaction runs long") {
     harness h(windows_config(4));
-    h.engine.start("msg_0000000000000001_");
-    h.step();
-    auto timer = *h.armed(relay_timer::checkpoint);
-    h.claim_returns({});
-    h.engine.cursors_taken(cursors_at("1:1:"), 64);
-    h.step();
+    auto timer = start_holding_cursors(h);
     // Every second a window with one event, its B showing xid 100 still
     // running (`held`), or nothing running at all.
     std::int64_t id = 0;
