@@ -48,6 +48,10 @@ public:
 
     // How far apart checkpoints are now (for tests and logs).
     [[nodiscard]] ms current_interval(time now) const noexcept;
+    // Whether they are further apart than `interval` now (a transaction
+    // has run for more than age_divisor intervals), and its xid (xmin).
+    [[nodiscard]] bool spaced_out(time now) const noexcept { return current_interval(now) > interval; }
+    [[nodiscard]] std::optional<std::uint64_t> held_xmin() const noexcept { return held_xmin_; }
 
 private:
     std::optional<std::uint64_t> held_xmin_;  // xmin seen running since held_since_

@@ -1062,7 +1062,23 @@ void relay_engine::write_checkpoint() {
     auto position = reader_->checkpoint();
     if (!position) return;
     const auto now = clock_.steady();
-    if (!checkpoint_pacing_.due(position->snap_b.value_or(position->snap_a), now)) return;
+    const bool due = checkpoint_pacing_.due(position->snap_b.value_or(position->snap_a), now);
+    if (const bool spaced = checkpoint_pacing_.spaced_out(now); spaced != checkpoints_spaced_out_) {
+        // Said once each way: what a crash meanwhile costs is the operator's
+        // to know (`outboxd status` names the transaction).
+        checkpoints_spaced_out_ = spaced;
+        if (spaced) {
+            log::info("a transaction running long spaces out the window cursor checkpoints until it ends (a relay "
+                      "killed meanwhile hands over an older position, and what it sent since is sent again)",
+                      {{"xmin", fmt::format("{}", checkpoint_pacing_.held_xmin().value_or(0))},
+                       {"running_for_more_than",
+                        format_duration(checkpoint_pacing::interval * checkpoint_pacing::age_divisor)},
+                       {"apart_at_most", format_duration(checkpoint_pacing::max_interval)}});
+        } else {
+            log::info("the long transaction ended: window cursor checkpoints once a second again");
+        }
+    }
+    if (!due) return;
     checkpoint_pacing_.written(now);
     checkpointing_ = true;
     emit(checkpoint_command{std::move(*position)});

@@ -528,6 +528,7 @@ private:
     std::size_t cursor_share_ = window_slots;
     bool checkpointing_ = false;
     checkpoint_pacing checkpoint_pacing_;  // further apart while a transaction runs long
+    bool checkpoints_spaced_out_ = false;  // what the log last said of it
     bool cleaning_windows_ = false;
     bool window_read_deferred_ = false;  // a read was due while the queue was full
 };
