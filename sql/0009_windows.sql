@@ -2,41 +2,25 @@
 --
 -- What a relay needs to consume the outbox the way PgQ does, by "committed
 -- after snapshot A and visible in snapshot B", with no write per event
--- (docs/commit-ordered-windows.md). A relay that claims events, as outboxd
--- did before windows, ignores all of it; producers pay one more index entry
--- per event.
+-- (docs/commit-ordered-windows.md). This migration only adds what costs
+-- producers nothing: a nullable column, a function and the cursors table.
+-- What producers pay for (the column's default and its index: one more
+-- index entry per event) is installed by `outboxd consume-setup windows`
+-- when an operator switches a relay to relay.consume = "windows", and
+-- removed by `outboxd consume-setup claims` (src/pg/queries.sql,
+-- consume_setup_*). A relay that claims events ignores all of it.
 --
 -- Like 0001, runs as one transaction with :"schema" set (psql -v schema=...).
--- Every ALTER here only changes the catalog (no table rewrite); the index
--- build reads the table once under a SHARE lock (producers wait for it; the
--- events table holds only what is not delivered yet, so it is small on a
--- healthy outbox).
+-- Every statement here only changes the catalog (no table rewrite, no index
+-- build).
 
--- The top-level id of the transaction that inserted the event
+-- The top-level id of the transaction that inserted the event, once
+-- `consume-setup windows` gives the column its default
 -- (pg_current_xact_id(): 64 bits, epoch-extended, never wraps; an insert
 -- under a savepoint gets its top-level transaction's id, which is what
--- snapshots speak of). Added nullable and its default set afterwards, so
--- that adding it does not rewrite the table: rows already there keep NULL,
--- meaning "inserted before windows". Today's relay drains them as before;
--- the switch to windows must drain them the old way first (they are never
--- in any window).
+-- snapshots speak of). NULL means "inserted before windows were set up":
+-- such an event is in no window; a claiming relay delivers it as always.
 ALTER TABLE :"schema".events ADD COLUMN txid xid8;
-ALTER TABLE :"schema".events ALTER COLUMN txid SET DEFAULT pg_current_xact_id();
-
--- Window membership reads a range of txids (transactions that began
--- between the two snapshots) and probes single txids (those running at A
--- and finished by B); `id` lets the window's ids be read in one pass and the
--- resume bound (id >= done_below) be checked on the index entry. Partial:
--- rows from before windows are never read through it.
-CREATE INDEX events_txid_idx ON :"schema".events (txid, id) WHERE txid IS NOT NULL;
-
--- The events from before windows, by key: a window event must wait behind
--- an earlier one of its key still to send (read_window's key_pending).
--- Through events_ordering_key_idx that probe would visit every row of the
--- key below the event; no new row enters this index, so producers pay
--- nothing for it and it empties as the old rows are delivered.
-CREATE INDEX events_pre_window_key_idx ON :"schema".events (ordering_key, id)
-    WHERE txid IS NULL AND ordering_key IS NOT NULL;
 
 -- Which of the 64 slots an event belongs to: several relays split the
 -- outbox by slot, and all events of one ordering key share a slot (unkeyed
