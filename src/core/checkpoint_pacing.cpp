@@ -1,30 +1,8 @@
 #include "core/checkpoint_pacing.hpp"
 
 #include <algorithm>
-#include <charconv>
-#include <stdexcept>
 
 namespace outboxd {
-
-namespace {
-
-std::uint64_t number(const std::string& s, std::size_t begin, std::size_t end) {
-    std::uint64_t n = 0;
-    const auto [ptr, ec] = std::from_chars(s.data() + begin, s.data() + end, n);
-    if (begin == end || ec != std::errc() || ptr != s.data() + end) {
-        throw std::invalid_argument("not a pg_snapshot: " + s);
-    }
-    return n;
-}
-
-}  // namespace
-
-snapshot_bounds bounds_of(const std::string& snapshot) {
-    const auto first = snapshot.find(':');
-    const auto second = first == std::string::npos ? std::string::npos : snapshot.find(':', first + 1);
-    if (second == std::string::npos) throw std::invalid_argument("not a pg_snapshot: " + snapshot);
-    return {.xmin = number(snapshot, 0, first), .xmax = number(snapshot, first + 1, second)};
-}
 
 checkpoint_pacing::ms checkpoint_pacing::current_interval(time now) const noexcept {
     if (!held_xmin_) return interval;

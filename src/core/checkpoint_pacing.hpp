@@ -29,6 +29,8 @@
 #include <optional>
 #include <string>
 
+#include "core/window_safety.hpp"
+
 namespace outboxd {
 
 class checkpoint_pacing {
@@ -58,13 +60,5 @@ private:
     time held_since_{};
     std::optional<time> last_written_;
 };
-
-// The xmin of a pg_snapshot's text form; whether anything was running in
-// it (xmin below xmax). Throws std::invalid_argument on anything else.
-struct snapshot_bounds {
-    std::uint64_t xmin = 0;
-    std::uint64_t xmax = 0;
-};
-[[nodiscard]] snapshot_bounds bounds_of(const std::string& snapshot);
 
 }  // namespace outboxd

@@ -47,16 +47,24 @@ cursor_origin origin_of(const std::string& snap_a, const std::optional<std::stri
     return {.xmax = xmax, .system_identifier = system_identifier};
 }
 
-std::uint64_t snapshot_xmax(const std::string& snapshot) {
+namespace {
+
+std::uint64_t number(const std::string& s, std::size_t begin, std::size_t end) {
+    std::uint64_t n = 0;
+    const auto [ptr, ec] = std::from_chars(s.data() + begin, s.data() + end, n);
+    if (begin == end || ec != std::errc() || ptr != s.data() + end) {
+        throw std::invalid_argument("not a pg_snapshot: " + s);
+    }
+    return n;
+}
+
+}  // namespace
+
+snapshot_bounds bounds_of(const std::string& snapshot) {
     const auto first = snapshot.find(':');
     const auto second = first == std::string::npos ? std::string::npos : snapshot.find(':', first + 1);
     if (second == std::string::npos) throw std::invalid_argument("not a pg_snapshot: " + snapshot);
-    std::uint64_t xmax = 0;
-    const char* begin = snapshot.data() + first + 1;
-    const char* end = snapshot.data() + second;
-    const auto [ptr, ec] = std::from_chars(begin, end, xmax);
-    if (ec != std::errc() || ptr != end || begin == end) throw std::invalid_argument("not a pg_snapshot: " + snapshot);
-    return xmax;
+    return {.xmin = number(snapshot, 0, first), .xmax = number(snapshot, first + 1, second)};
 }
 
 }  // namespace outboxd

@@ -61,8 +61,14 @@ void require_window_safe(const cursor_origin& cursor, const server_position& ser
 [[nodiscard]] cursor_origin origin_of(const std::string& snap_a, const std::optional<std::string>& snap_b,
                                       std::int64_t system_identifier);
 
-// The xmax of a pg_snapshot's text form ("xmin:xmax:xip,..."). Throws
-// std::invalid_argument on anything else.
-[[nodiscard]] std::uint64_t snapshot_xmax(const std::string& snapshot);
+// The bounds of a pg_snapshot's text form ("xmin:xmax:xip,..."): something
+// was running in it when xmin is below xmax. Throws std::invalid_argument
+// on anything else.
+struct snapshot_bounds {
+    std::uint64_t xmin = 0;
+    std::uint64_t xmax = 0;
+};
+[[nodiscard]] snapshot_bounds bounds_of(const std::string& snapshot);
+[[nodiscard]] inline std::uint64_t snapshot_xmax(const std::string& snapshot) { return bounds_of(snapshot).xmax; }
 
 }  // namespace outboxd

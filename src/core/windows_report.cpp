@@ -1,6 +1,5 @@
 #include "core/windows_report.hpp"
 
-#include <algorithm>
 #include <set>
 
 #include <fmt/format.h>

@@ -2,7 +2,6 @@
 // a transaction runs long.
 #include <doctest/doctest.h>
 
-#include <stdexcept>
 #include <string>
 
 #include "core/checkpoint_pacing.hpp"
@@ -74,13 +73,4 @@ TEST_CASE("checkpoint pacing: the first checkpoint is never held back, and a new
     CHECK(p.due("200:500:200", t0 + 5s));
     p.written(t0 + 5s);
     CHECK(p.current_interval(t0 + 65s) == 2s);
-}
-
-TEST_CASE("checkpoint pacing: snapshot bounds, and text that is not a snapshot") {
-    const auto b = bounds_of("748:755:748,751");
-    CHECK(b.xmin == 748);
-    CHECK(b.xmax == 755);
-    CHECK_THROWS_AS((void)bounds_of("748"), std::invalid_argument);
-    CHECK_THROWS_AS((void)bounds_of("x:1:"), std::invalid_argument);
-    CHECK_THROWS_AS((void)bounds_of(":1:"), std::invalid_argument);
 }

@@ -70,3 +70,12 @@ TEST_CASE("window safety: a cursor's origin is the higher xmax of A and B; requi
     CHECK_THROWS_AS(require_window_safe({760, 42}, {true, 800, 42}), window_unsafe);
     CHECK_THROWS_AS(require_window_safe({760, 42}, {false, 800, 43}), window_unsafe);
 }
+
+TEST_CASE("window safety: snapshot bounds, and text that is not a snapshot") {
+    const auto b = bounds_of("748:755:748,751");
+    CHECK(b.xmin == 748);
+    CHECK(b.xmax == 755);
+    CHECK_THROWS_AS((void)bounds_of("748"), std::invalid_argument);
+    CHECK_THROWS_AS((void)bounds_of("x:1:"), std::invalid_argument);
+    CHECK_THROWS_AS((void)bounds_of(":1:"), std::invalid_argument);
+}
