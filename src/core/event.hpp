@@ -42,6 +42,10 @@ struct event {
     std::optional<std::chrono::microseconds> age_at_claim;
     // Where the claim left the leased row (ctid, as text); see lease_ref.
     std::string tid;
+    // Set on a run's follower (see the claim in queries.sql): the id of the
+    // run's first event, which this one is sent after, once the events
+    // between them are delivered.
+    std::optional<std::int64_t> run_head;
     // Set when the event was read from a commit-ordered window (not leased):
     // the slot whose cursor fences what is written about it.
     std::optional<int> window_slot;

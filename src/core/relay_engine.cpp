@@ -1,6 +1,8 @@
 #include "core/relay_engine.hpp"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -246,9 +248,29 @@ void relay_engine::claimed(claim_outcome result) {
     // on another claim's key hold) and the hand-off take time.
     const auto lease_end = result.started + cfg_.lease;
     const auto claimed_count = events.size();
+    // Followers wait for their run's first event, in id order (the claim's
+    // rows come in no particular order).
+    std::map<std::int64_t, std::vector<ready_item>> followers;  // by run head
+    std::set<std::int64_t> keyed_claimed;
     for (auto& e : events) {
         ledger_.claimed(e);
-        ready_.push_back({std::make_shared<const event>(std::move(e)), lease_end});
+        const auto head = e.run_head;
+        if (!head && e.ordering_key) keyed_claimed.insert(e.id);
+        ready_item item{std::make_shared<const event>(std::move(e)), lease_end};
+        if (head) {
+            followers[*head].push_back(std::move(item));
+        } else {
+            ready_.push_back(std::move(item));
+        }
+    }
+    std::vector<ready_item> orphans;
+    for (auto& [head, items] : followers) {
+        std::sort(items.begin(), items.end(), [](const ready_item& x, const ready_item& y) { return x.e->id < y.e->id; });
+        if (keyed_claimed.contains(head)) {
+            std::move(items.begin(), items.end(), std::back_inserter(runs_[head]));
+        } else {
+            std::move(items.begin(), items.end(), std::back_inserter(orphans));
+        }
     }
     // Window events take the slots the claim asked for and deliveries left.
     const auto free = dispatch_.slots() > dispatch_.in_flight() ? dispatch_.slots() - dispatch_.in_flight() : 0;
@@ -260,6 +282,7 @@ void relay_engine::claimed(claim_outcome result) {
     // Counted as held before any is delivered: an event that cannot be sent
     // finishes at once inside pump().
     const auto next = dispatch_.on_claimed(got, more ? got : got + 1);
+    hand_back_orphans(orphans);
     pump();
     start_claim(next);
     maybe_finish();
@@ -326,6 +349,7 @@ void relay_engine::pump() {
             log::warn("claimed event waited too long for a delivery slot; handed back unsent",
                       {{"event_id", str(next.e->id)}});
             hand_back(*next.e, milliseconds(0));
+            (void)next_in_run(*next.e, false);
             flush_outcomes();
             start_claim(dispatch_.on_delivery_finished());
             continue;
@@ -751,7 +775,8 @@ void relay_engine::on_owed_result(const owed_item& item, std::size_t i, const se
 
 // Every destination of a directly sent event has answered (or was deferred).
 void relay_engine::settle(const event_in_flight& state) {
-    if (state.failures.empty() && state.deferred.empty()) {
+    const bool delivered = state.failures.empty() && state.deferred.empty();
+    if (delivered) {
         record_delivered(*state.e, state.ref);
     } else {
         // From here each failed destination keeps its own schedule; the ones
@@ -773,9 +798,40 @@ void relay_engine::settle(const event_in_flight& state) {
         for (const auto& o : item.owed) retry_after_flush(o.due_in);
         record_fan_out(*state.e, std::move(item));
     }
-    // A window event's key is sequenced in memory: nothing to unblock.
-    if (!state.e->window_slot) pending_.unblocks_key = pending_.unblocks_key || state.keyed;
+    // A window event's key is sequenced in memory, and a run's next event
+    // is leased already: nothing to unblock.
+    const bool run_goes_on = next_in_run(*state.e, delivered);
+    if (!state.e->window_slot && !run_goes_on) pending_.unblocks_key = pending_.unblocks_key || state.keyed;
     finished(state.slot_given_up);
+}
+
+bool relay_engine::next_in_run(const event& e, bool delivered) {
+    if (e.window_slot) return false;
+    const auto it = runs_.find(e.run_head.value_or(e.id));
+    if (it == runs_.end()) return false;
+    auto& rest = it->second;
+    if (delivered && !dispatch_.stopping()) {
+        // In front: the run's next event goes out as this one's slot frees.
+        ready_.push_front(std::move(rest.front()));
+        rest.pop_front();
+        if (rest.empty()) runs_.erase(it);
+        return true;
+    }
+    // (A size the dispatcher answers is a claim it counts as started.)
+    for (const auto& item : rest) {
+        hand_back(*item.e, milliseconds(0));
+        start_claim(dispatch_.on_delivery_finished());
+    }
+    runs_.erase(it);
+    return false;
+}
+
+void relay_engine::hand_back_orphans(std::vector<ready_item>& orphans) {
+    for (const auto& item : orphans) {
+        hand_back(*item.e, milliseconds(0));
+        start_claim(dispatch_.on_delivery_finished());
+    }
+    if (!orphans.empty()) flush_outcomes();
 }
 
 void relay_engine::record_owed(const delivery_ref& ref, bool keyed, const destination_result& res) {
@@ -821,6 +877,7 @@ void relay_engine::bury_unsendable(const event& e, const std::string& why) {
     } else {
         pending_.dead.push_back({lease_ref{e.id, e.attempt, e.tid}, why, std::nullopt, {}});
         pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
+        (void)next_in_run(e, false);
     }
     finished();
 }
@@ -965,6 +1022,13 @@ void relay_engine::stop_claiming(bool keep_listening) {
         hand_back(*ready_.front().e, milliseconds(0));
         (void)dispatch_.on_delivery_finished();
     }
+    for (const auto& [head, rest] : runs_) {
+        for (const auto& item : rest) {
+            hand_back(*item.e, milliseconds(0));
+            (void)dispatch_.on_delivery_finished();
+        }
+    }
+    runs_.clear();
     flush_outcomes();
     if (!keep_listening) emit(stop_listening_command{});
     cancel(relay_timer::sweep);
@@ -1157,6 +1221,7 @@ void relay_engine::record_fan_out(const event& e, fan_out_item item) {
     if (!e.window_slot) {
         pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
         pending_.fan_outs.push_back(std::move(item));
+        (void)next_in_run(e, false);
         return;
     }
     if (!reader_) return;

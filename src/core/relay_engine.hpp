@@ -29,6 +29,13 @@
 //   attempt could, its destination's circuit opened, shutdown began) is
 //   handed back: due again, its claim's attempt taken back, since attempts
 //   count requests actually sent.
+//   A run (a key's consecutive events leased by one claim behind its first,
+//   see the claim in queries.sql) goes out one event at a time: a follower
+//   waits in `runs_` until the event before it settles, and goes to the
+//   front of the ready queue if that one was delivered everywhere. Anything
+//   else (a retry, a dead letter, a fan-out, a hand-back, shutdown) hands
+//   the run's unsent rest back untouched, so the key's order holds and its
+//   hold (which names the run's last event) goes with the last hand-back.
 //
 // Claims (see core/dispatcher.hpp and core/claim_capacity.hpp): one at a
 // time, sized to the free slots, which include events claimed ahead of
@@ -417,6 +424,14 @@ private:
     void settle(const event_in_flight& state);
     void record_owed(const delivery_ref& ref, bool keyed, const destination_result& res);
     void bury_unsendable(const event& e, const std::string& why);
+    // A direct event settled: the next of its run, if any, goes out now
+    // (true) when this one was delivered everywhere; otherwise the run's
+    // unsent rest is handed back (false).
+    bool next_in_run(const event& e, bool delivered);
+    // Claimed followers whose run's first event this claim did not lease
+    // (it changed under the claim): handed back, after the dispatcher has
+    // counted them.
+    void hand_back_orphans(std::vector<ready_item>& orphans);
     // Where a directly sent event's outcome goes: a lease's outcome into the
     // pending batch; a window event's into the reader (delivered) or a park.
     void record_delivered(const event& e, const lease_ref& ref);
@@ -483,6 +498,9 @@ private:
 
     // ---- delivering ----
     std::deque<ready_item> ready_;
+    // Runs under way: by the id of the run's first event, its followers not
+    // handed out yet, in id order.
+    std::unordered_map<std::int64_t, std::deque<ready_item>> runs_;
     std::size_t sending_ = 0;
     bool pumping_ = false;
     std::vector<lane> lanes_;  // one per destination, same index

@@ -147,16 +147,76 @@ WITH due AS (
 -- LOCKED). DISTINCT ON: one hold per key per statement (the rule above
 -- already lets only one event of a key through). A hold that is not ours
 -- stays locked by us until we commit (ON CONFLICT locks before it judges).
+-- Runs: behind each keyed event picked, the next events of its key in id
+-- order, as many as are due in a row (a delayed event, a retry's wait or
+-- another lease ends the run before it), leased with it under the same
+-- hold, so that the relay sends a key's consecutive events one after the
+-- other without a claim between them. Not for a key with deliveries waiting
+-- (its events queue behind them, one by one). The claim's size bounds the
+-- runs with the picked events together: what is left after them is shared
+-- out round-robin, each key's first follower before any key's second, so
+-- over many keys the runs are short and over few they are long. A follower
+-- is locked (SKIP LOCKED) by ctid from this snapshot; one that cannot be
+-- (another claim examined it, or it changed since) ends its run there.
+run_candidates AS (
+    SELECT f.id, f.tid, f.ordering_key, f.head, f.pos
+    FROM (SELECT d.id, d.ordering_key FROM due d
+          WHERE d.ordering_key IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM :"schema".deliveries w WHERE w.ordering_key = d.ordering_key)) AS head
+    CROSS JOIN LATERAL (
+        SELECT n.id, n.tid, head.ordering_key, head.id AS head, n.pos
+        FROM (SELECT n.id, n.ctid AS tid,
+                     row_number() OVER in_order AS pos,
+                     bool_and(n.available_at <= now() AND NOT n.fanned_out) OVER in_order AS unbroken
+              FROM :"schema".events n
+              -- The key's events after the head, as a range and an order only
+              -- the key index serves (as in the rule above): with
+              -- ordering_key = and id >, the plan walked the primary key from
+              -- the head through every later event of every key.
+              WHERE n.ordering_key <= head.ordering_key
+                AND (n.ordering_key, n.id) > (head.ordering_key, head.id)
+              WINDOW in_order AS (ORDER BY n.ordering_key, n.id ROWS UNBOUNDED PRECEDING)
+              ORDER BY n.ordering_key, n.id
+              LIMIT (SELECT ceil((:claim_size - count(*))::numeric / greatest(count(*) FILTER (WHERE ordering_key IS NOT NULL), 1))::bigint
+                     FROM due)) AS n
+        WHERE n.unbroken) AS f
+    ORDER BY f.pos, f.head
+    LIMIT (SELECT :claim_size - count(*) FROM due)
+),
+run_locked AS (
+    SELECT e.ctid AS tid
+    FROM :"schema".events e
+    WHERE e.ctid = ANY (ARRAY(SELECT tid FROM run_candidates))
+    FOR UPDATE SKIP LOCKED
+),
+runs AS (
+    SELECT r.id, r.tid, r.ordering_key, r.head
+    FROM (SELECT c.id, c.tid, c.ordering_key, c.head,
+                 bool_and(l.tid IS NOT NULL) OVER (PARTITION BY c.head ORDER BY c.pos ROWS UNBOUNDED PRECEDING) AS unbroken
+          FROM run_candidates c LEFT JOIN run_locked l ON l.tid = c.tid) AS r
+    WHERE r.unbroken
+),
+-- Keys in order, so that two claims wanting the same keys wait for each other
+-- in one order and cannot deadlock (a claim never waits for an event row: SKIP
+-- LOCKED). DISTINCT ON: one hold per key per statement (the rule above
+-- already lets only one event of a key through). A hold that is not ours
+-- stays locked by us until we commit (ON CONFLICT locks before it judges).
+-- The hold names the run's last event (the picked one when it has no run):
+-- the statement that ends that lease, the run's last, frees the key. The
+-- relay sends a run in order and gives back the unsent rest when one of it
+-- is not delivered, so that lease ends last either way.
 held AS (
     INSERT INTO :"schema".key_holds AS h (ordering_key, destination, event_id, until)
-    SELECT DISTINCT ON (ordering_key) ordering_key, '', id, now() + $2 * interval '1 millisecond'
-    FROM due
-    WHERE ordering_key IS NOT NULL
-    ORDER BY ordering_key, id
+    SELECT DISTINCT ON (d.ordering_key) d.ordering_key, '',
+           coalesce((SELECT max(r.id) FROM runs r WHERE r.head = d.id), d.id),
+           now() + $2 * interval '1 millisecond'
+    FROM due d
+    WHERE d.ordering_key IS NOT NULL
+    ORDER BY d.ordering_key, d.id
     ON CONFLICT (ordering_key, destination) DO UPDATE
         SET event_id = excluded.event_id, until = excluded.until
         WHERE h.until <= now() OR h.event_id = excluded.event_id
-    RETURNING h.event_id
+    RETURNING h.ordering_key
 ),
 claimed AS (
     UPDATE :"schema".events e
@@ -173,7 +233,8 @@ claimed AS (
     -- this statement's snapshot does not see: it is left unleased (picked,
     -- not claimed) and due, for the next claim.
     WHERE e.ctid = ANY (ARRAY(SELECT tid FROM due WHERE ordering_key IS NULL
-                              UNION ALL SELECT due.tid FROM due JOIN held ON held.event_id = due.id))
+                              UNION ALL SELECT due.tid FROM due JOIN held ON held.ordering_key = due.ordering_key
+                              UNION ALL SELECT runs.tid FROM runs JOIN held ON held.ordering_key = runs.ordering_key))
     RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
               array_to_string(e.destinations, ',') AS destinations, e.created_at, e.ctid::text AS tid
 )
@@ -186,7 +247,9 @@ SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        -- commit-to-delivery latency of /metrics)
        (extract(epoch FROM now() - c.created_at) * 1000000)::bigint AS age_us,
        -- where the leased row version is: its outcome finds it there (complete)
-       c.tid
+       c.tid,
+       -- a run's follower: the event it is sent after (the run's first)
+       (SELECT r.head FROM runs r WHERE r.id = c.id) AS run_head
 FROM claimed c
 UNION ALL
 -- One more row (id NULL), which fills the columns from next_due_ms on:
@@ -224,7 +287,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- a drain and move the low mark past rows still waiting; a claim
        -- that examined its bound counts as full
        CASE WHEN bound.id IS NULL THEN (SELECT count(*) FROM due) ELSE :claim_size END,
-       NULL, NULL
+       NULL, NULL, NULL
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS picked ON true
 -- the last row `due` examined, if it examined its bound and did not fill up

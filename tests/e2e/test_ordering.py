@@ -6,7 +6,7 @@ import random
 import threading
 import time
 
-from helpers import duplicates, wait_delivered, wait_until
+from helpers import claims_only, duplicates, wait_delivered, wait_until
 from receiver import Receiver
 
 
@@ -124,3 +124,60 @@ def test_two_relays_share_one_outbox_without_duplicates(db, relay):
         assert a.alive() and b.alive()
         assert a.stop() == 0 and b.stop() == 0
         print("deliveries per relay:", per_relay)
+
+
+@claims_only("runs are a claim's; windows sequence a key in memory (test_windows_failures.py)")
+def test_a_relay_killed_in_the_middle_of_a_run_hands_its_key_over_in_order_within_seconds(db, relay):
+    """A claim leases a key's consecutive events as a run (sent one after the
+    other, under one key hold that names the run's last event). Relay A is
+    killed while its run is half sent, with one request open: its peer B
+    takes the leases over (the hold with them) and goes on with the key in
+    order at once, not when A's 30 s lease runs out."""
+    cond = threading.Condition()
+    gate = {"open": False, "blocked": None}
+    sent: list = []
+    accepted: list = []
+
+    ids: list = []
+
+    def responder(req):
+        with cond:
+            sent.append(req.event_id)
+            if not gate["open"] and len(ids) > 5 and req.event_id == ids[5]:
+                gate["blocked"] = req.event_id
+                cond.notify_all()
+                cond.wait_for(lambda: gate["open"], timeout=60)
+                return 200, {}, b"ok (to a relay that is gone)"
+            accepted.append(req.event_id)
+            cond.notify_all()
+        return 200, {}, b"ok"
+
+    with Receiver(responder) as rx:
+        ids.extend(row["id"] for row in db.query(
+            "SELECT {s}.enqueue('run', jsonb_build_object('n', g), 'k') AS id FROM generate_series(1, 40) g"))
+        flags = ("--concurrency", "4", "--sweep-interval", "1h", "--lease", "30s")
+        a = relay(rx, *flags)
+        with cond:
+            assert cond.wait_for(lambda: gate["blocked"] is not None, timeout=15), sent
+        # A sent the key's first five events, one after the other, and waits
+        # on the sixth; the rest of its run is leased and unsent.
+        assert sent == ids[:6], sent
+        leased = db.query("SELECT count(*) AS n FROM {s}.events WHERE lease_owner IS NOT NULL")[0]["n"]
+        assert leased > 1, "the claim leased no run behind the key's first event"
+        b = relay(rx, *flags)
+        time.sleep(0.5)
+        a.kill()
+        t_kill = time.monotonic()
+        with cond:
+            gate["open"] = True
+            cond.notify_all()
+        assert wait_delivered(rx, ids, timeout=20), sorted(set(ids) - set(rx.delivered_ids()))
+        took = time.monotonic() - t_kill
+        assert db.wait_empty(timeout=5), db.events()
+        assert b.alive()
+    # Every event, in order; only the one open at the kill went out twice.
+    assert accepted == ids, accepted
+    assert not [(x, y) for x, y in zip(sent, sent[1:]) if y < x], sent
+    assert sorted(duplicates(sent)) == [ids[5]], duplicates(sent)
+    # The takeover looks every second: well before the lease's 30 s.
+    assert took < 10, took

@@ -171,7 +171,8 @@ TEST_CASE("a failing destination blocks its key there only; the other destinatio
     const auto e1 = db.enqueue(ev("k"));
     const auto e2 = db.enqueue(ev("k"));
     const auto e3 = db.enqueue(ev("k"));
-    REQUIRE(claimed(claim_all(s, 10)) == std::vector{at(e1, "*")});
+    // A claim of one: e1 alone, without the run of its key behind it.
+    REQUIRE(claimed(claim_all(s, 1)) == std::vector{at(e1, "*")});
     // e1: "hooks" took it, "audit" failed and retries in an hour.
     REQUIRE(s.fan_out({e1, 1}, std::vector{owe("audit", 1h)}, {}));
 
@@ -373,7 +374,7 @@ TEST_CASE("a delivery without its event is never claimed, and the sweep turns it
     auto s = db.store("a");
     const auto id = db.enqueue(ev("k"));
     const auto later = db.enqueue(ev("k"));
-    REQUIRE(claim_all(s, 10).size() == 1);
+    REQUIRE(claim_all(s, 1).size() == 1);
     REQUIRE(s.fan_out({id, 1}, std::vector{owe("x")}, {}));
     // What the replay race left behind in outboxes written before the fix.
     (void)db.query("WITH gone AS (DELETE FROM {s}.events WHERE id = " + std::to_string(id) +

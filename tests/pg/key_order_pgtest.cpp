@@ -85,7 +85,7 @@ TEST_CASE("a replayed older event is not leased while another relay's uncommitte
     auto b = db.store("relay-b");
     const auto e1 = db.enqueue(ev("k"));
     const auto e2 = db.enqueue(ev("k"));
-    auto first = setup.claim(10, 30s).events;
+    auto first = setup.claim(1, 30s).events;
     REQUIRE(first.size() == 1);
     REQUIRE(first[0].id == e1);
     REQUIRE(setup.bury({e1, 1}, "poison", 400, ""));
@@ -143,12 +143,12 @@ TEST_CASE("a replayed delivery is not leased while another relay's uncommitted c
     const auto e2 = db.enqueue(ev("k"));
     // Both fanned out to "audit"; e1's delivery there dies while "hooks"
     // still owes e1 (so e1's row stays and the replay is a delivery row).
-    REQUIRE(setup.claim(10, 30s).events.size() == 1);
+    REQUIRE(setup.claim(1, 30s).events.size() == 1);
     REQUIRE(setup.fan_out({e1, 1},
                           std::vector{pg::owed_delivery{"audit", 0ms, 1, std::string("HTTP 500")},
                                       pg::owed_delivery{"hooks", 1h, 1, std::string("HTTP 500")}},
                           {}));
-    REQUIRE(setup.claim(10, 30s).events.size() == 1);
+    REQUIRE(setup.claim(1, 30s).events.size() == 1);
     REQUIRE(setup.fan_out({e2, 1}, std::vector{pg::owed_delivery{"audit", 0ms, 0, std::nullopt}}, {}));
     auto d1 = setup.claim_deliveries(10, 30s, destinations);
     REQUIRE(d1.size() == 1);
@@ -177,7 +177,7 @@ TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees not
     auto b = db.store("relay-b");
     const auto holds = [&] { return db.query("SELECT count(*) FROM {s}.key_holds"); };
     const auto claim_one = [&](pg::store& s) {
-        auto got = s.claim(10, 30s).events;
+        auto got = s.claim(1, 30s).events;
         REQUIRE(got.size() == 1);
         CHECK(holds() == "1");
         return got[0];
@@ -186,7 +186,7 @@ TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees not
     const auto claim_soon = [&](pg::store& s) {
         const auto deadline = std::chrono::steady_clock::now() + 5s;
         while (std::chrono::steady_clock::now() < deadline) {
-            auto got = s.claim(10, 30s).events;
+            auto got = s.claim(1, 30s).events;
             if (!got.empty()) {
                 CHECK(holds() == "1");
                 return got[0];
@@ -212,11 +212,11 @@ TEST_CASE("every outcome frees its key's hold at once; a stale outcome frees not
 
     // A crashed relay's hold expires with its lease; its late outcome is
     // fenced and leaves the new holder's hold alone.
-    e = a.claim(10, 50ms).events.at(0);
+    e = a.claim(1, 50ms).events.at(0);
     event taken;
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     while (taken.id == 0 && std::chrono::steady_clock::now() < deadline) {
-        auto got = b.claim(10, 30s).events;
+        auto got = b.claim(1, 30s).events;
         if (!got.empty()) taken = got[0];
     }
     REQUIRE(taken.id == e.id);
@@ -252,7 +252,7 @@ TEST_CASE("a replayed delivery waits while a later event of its key is out to ev
     auto a = db.store("relay-a");
     const auto e1 = db.enqueue(ev("k"));
     const auto e2 = db.enqueue(ev("k"));
-    REQUIRE(a.claim(10, 30s).events.size() == 1);
+    REQUIRE(a.claim(1, 30s).events.size() == 1);
     // e1 went everywhere but "audit", where it died; e2 then goes out whole.
     REQUIRE(a.fan_out({e1, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
     const auto out = a.claim(10, 30s).events;
@@ -275,7 +275,7 @@ TEST_CASE("a replayed delivery is not leased while another relay's uncommitted c
     auto b = db.store("relay-b");
     const auto e1 = db.enqueue(ev("k"));
     const auto e2 = db.enqueue(ev("k"));
-    REQUIRE(setup.claim(10, 30s).events.size() == 1);
+    REQUIRE(setup.claim(1, 30s).events.size() == 1);
     REQUIRE(setup.fan_out({e1, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
 
     // A claims e2 whole; its snapshot predates the replay of e1@audit.

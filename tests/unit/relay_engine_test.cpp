@@ -1445,3 +1445,109 @@ TEST_CASE("relay engine, windows: events held back for their key do not make it 
         CHECK(h.engine.windows()->queued() < relay_engine::window_queue_limit / 2);
     }
 }
+
+namespace {
+
+// A follower of the run that `head` begins (see the claim in queries.sql).
+event follower(std::int64_t id, std::int64_t head, std::string key = "k") {
+    auto e = make_event(id, std::move(key));
+    e.run_head = head;
+    return e;
+}
+
+}  // namespace
+
+TEST_CASE("relay engine: a run goes out one event at a time in id order; its outcomes gather until the run ends") {
+    harness h(one_destination(4));
+    h.start();
+    // The claim's rows come in no particular order.
+    h.claim_returns({follower(5, 1), make_event(1, "k"), follower(3, 1), make_event(2)});
+    auto sends = h.all<send_command>();
+    REQUIRE(ids(sends) == std::vector<std::int64_t>{1, 2});
+    CHECK(h.engine.held() == 4);
+    h.answer(sends[1], ok());  // the unkeyed one
+    h.answer(sends[0], ok());
+    // Event 1 delivered: event 3 goes at once; nothing of the key is
+    // unblocked yet, so its outcome waits with the rest.
+    REQUIRE(ids(h.all<send_command>()) == std::vector<std::int64_t>{3});
+    CHECK_FALSE(h.has<write_outcomes_command>());
+    h.answer(h.one<send_command>(), ok());
+    REQUIRE(ids(h.all<send_command>()) == std::vector<std::int64_t>{5});
+    CHECK_FALSE(h.has<write_outcomes_command>());
+    h.answer(h.one<send_command>(), ok());
+    // The run's last: the key is free once this is written, so now.
+    const auto write = h.one<write_outcomes_command>();
+    std::vector<std::int64_t> delivered;
+    for (const auto& r : write.batch->delivered) delivered.push_back(r.id);
+    CHECK(delivered == std::vector<std::int64_t>{2, 1, 3, 5});
+    CHECK(write.batch->unblocks_key);
+    CHECK(write.batch->handed_back.empty());
+}
+
+TEST_CASE("relay engine: an event of a run that is not delivered hands the unsent rest back untouched") {
+    harness h(one_destination(4));
+    h.start();
+    h.claim_returns({make_event(1, "k"), follower(2, 1), follower(3, 1), follower(4, 1)});
+    h.answer(h.one<send_command>(), ok());
+    REQUIRE(ids(h.all<send_command>()) == std::vector<std::int64_t>{2});
+    h.answer(h.one<send_command>(), server_error());
+    // 3 and 4 are never sent: back to the outbox with their attempts taken
+    // back, written with 2's retry and 1's delivery.
+    CHECK_FALSE(h.has<send_command>());
+    const auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->delivered.size() == 1);
+    CHECK(write.batch->delivered[0].id == 1);
+    // (a destination that failed gets a delivery row of its own: fanned out)
+    REQUIRE(write.batch->fan_outs.size() == 1);
+    CHECK(write.batch->fan_outs[0].ref.id == 2);
+    REQUIRE(write.batch->handed_back.size() == 2);
+    CHECK(write.batch->handed_back[0].ref.id == 3);
+    CHECK(write.batch->handed_back[0].delay == 0ms);
+    CHECK(write.batch->handed_back[1].ref.id == 4);
+    CHECK(write.batch->unblocks_key);
+    CHECK(h.engine.held() == 0);
+    // Recorded: the key may go on, from the start of the index.
+    h.engine.outcomes_written(0);
+    h.step();
+    const auto claim = h.one<claim_command>();
+    CHECK(claim.request.wanted > 0);
+    CHECK_FALSE(claim.request.low_mark);
+}
+
+TEST_CASE("relay engine: followers whose run's first event the claim did not lease are handed back unsent") {
+    harness h(one_destination(4));
+    h.start();
+    h.claim_returns({follower(7, 6), follower(8, 6), make_event(9)});
+    REQUIRE(ids(h.all<send_command>()) == std::vector<std::int64_t>{9});
+    // Written at once: the key's hold goes with them.
+    const auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->handed_back.size() == 2);
+    CHECK(write.batch->handed_back[0].ref.id == 7);
+    CHECK(write.batch->handed_back[1].ref.id == 8);
+    CHECK(write.batch->unblocks_key);
+    CHECK(h.engine.held() == 1);  // 9, in flight
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.one<claim_command>().request.wanted > 0);
+}
+
+TEST_CASE("relay engine: shutdown hands back a run's waiting followers; the event in flight finishes alone") {
+    harness h(one_destination(4));
+    h.start();
+    h.claim_returns({make_event(1, "k"), follower(2, 1), follower(3, 1)});
+    const auto in_flight = h.one<send_command>();
+    h.engine.signalled(15);
+    h.step();
+    const auto handed_back = h.one<write_outcomes_command>();
+    REQUIRE(handed_back.batch->handed_back.size() == 2);
+    CHECK(handed_back.batch->handed_back[0].ref.id == 2);
+    CHECK(handed_back.batch->handed_back[1].ref.id == 3);
+    h.engine.outcomes_written(0);
+    h.step();
+    h.answer(in_flight, ok());
+    CHECK_FALSE(h.has<send_command>());
+    CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.has<finish_command>());
+}
