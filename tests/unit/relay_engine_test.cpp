@@ -1551,3 +1551,23 @@ TEST_CASE("relay engine: shutdown hands back a run's waiting followers; the even
     h.step();
     CHECK(h.has<finish_command>());
 }
+
+TEST_CASE("relay engine: handing a run's rest back frees its slots for the claim a drain wants") {
+    harness h(one_destination(4));
+    h.start();
+    // A full claim (a backlog drains): every slot is taken, the next claim
+    // waits for free ones.
+    h.claim_returns({make_event(1, "k"), follower(2, 1), follower(3, 1), make_event(4)}, true);
+    CHECK_FALSE(h.has<claim_command>());
+    const auto sends = h.all<send_command>();
+    REQUIRE(ids(sends) == std::vector<std::int64_t>{1, 4});
+    // 1 fails: 2 and 3 go back unsent, and their slots to the drain's next
+    // claim (which the dispatcher counts as started once it names a size).
+    h.answer(sends[0], server_error());
+    REQUIRE(h.has<claim_command>());
+    h.answer(sends[1], ok());
+    h.claim_returns({});
+    h.engine.outcomes_written(0);
+    h.step();
+    CHECK(h.has<claim_command>());
+}
