@@ -86,6 +86,12 @@ def kill_holding_leases(db, relay, rx, ledger, ids, flags, peer_flags=None):
     owner = lease_owner_of(a)
     assert wait_until(lambda: len(ledger.waiting()) >= 3, 20), f"relay A sent nothing: {ledger.arrivals}"
     # Only A runs yet, and its requests stay open: these are A's at the kill.
+    # Every one of them: A starts with no events held ahead (it has delivered
+    # nothing yet), so it sends each event it leased; one sent an instant
+    # after a snapshot of three would reach the gate before or after the
+    # kill, and arrive twice though counted as not in flight.
+    assert wait_until(lambda: ledger.waiting() == leased_by(db, owner), 20), \
+        f"relay A's open requests {sorted(ledger.waiting())} never matched its leases {sorted(leased_by(db, owner))}"
     open_at_kill = ledger.waiting()
     peer = None
     if peer_flags is not None:
