@@ -205,9 +205,9 @@ def _declared_busy_by_a_burst(db) -> bool:
     """A burst far above the busy rate, in one commit: whether the relay then
     declared itself busy within 5 s. 2,000 events in one statement, so that
     the relay stays busy for a while (~100 ms or more) after the test sees it
-    so: with a burst of 400, enqueued one by one, every try of one CI run
-    (e2e-windows, -O3 build) found the relay idle again before its producer
-    could look."""
+    so: with a burst of 400, enqueued one by one, none of the five tries of
+    one CI run (e2e-windows, -O3 build) caught the relay still busy when its
+    producer looked."""
     db.query("SELECT count({s}.enqueue('t', jsonb_build_object('burst', g))) FROM generate_series(1, 2000) g")
     return bool(wait_until(lambda: _relay_state(db) is False, 5))
 
