@@ -201,15 +201,37 @@ def _relay_state(db):
     return None if not rows else rows[0]["idle"]
 
 
-def _declared_busy_by_a_burst(db) -> bool:
-    """A burst far above the busy rate, in one commit: whether the relay then
-    declared itself busy within 5 s. 2,000 events in one statement, so that
-    the relay stays busy for a while (~100 ms or more) after the test sees it
-    so: with a burst of 400, enqueued one by one, none of the five tries of
-    one CI run (e2e-windows, -O3 build) caught the relay still busy when its
-    producer looked."""
-    db.query("SELECT count({s}.enqueue('t', jsonb_build_object('burst', g))) FROM generate_series(1, 2000) g")
-    return bool(wait_until(lambda: _relay_state(db) is False, 5))
+class _Feeder:
+    """Keeps the relay busy for as long as a test needs it: 50 events per
+    statement every 10 ms from its own connection (some 2,000 a second, far
+    above the busy rate of 300) until stop(). A single burst is not enough:
+    it is drained (in windows mode read in one go) and the relay idle again
+    within ~100 ms, and in one CI run (e2e-windows, -O3 build) none of five
+    tries caught it still busy when the test's producer looked."""
+
+    def __init__(self, db):
+        self._conn = db.connect()
+        self._db = db
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self._db.query("SELECT count({s}.enqueue('t', jsonb_build_object('feed', g))) "
+                           "FROM generate_series(1, 50) g", conn=self._conn)
+            self._stop.wait(0.01)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "the feeder's insert hung"
+
+    def __exit__(self, *exc):
+        self.stop()
 
 
 @pytest.mark.parametrize("producer", ["read_committed_inserts_before", "repeatable_read_inserts_after"])
@@ -231,32 +253,28 @@ def test_auto_mode_claims_promptly_a_commit_that_raced_the_relays_busy_to_idle_t
     inserts_before = producer == "read_committed_inserts_before"
     r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
     assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
-    for attempt in range(5):
-        if not _declared_busy_by_a_burst(db):
-            continue
-        conn = db.connect()
+    conn = db.connect()
+    with _Feeder(db) as feeder:
+        assert wait_until(lambda: _relay_state(db) is False, 5), "the feeder did not make the relay busy"
         if inserts_before:
             event = db.enqueue("t", {"raced": True}, conn=conn, commit=False)
         else:
             conn.set_session(isolation_level="REPEATABLE READ")
             with conn.cursor() as cur:
                 cur.execute("SELECT 1")  # the snapshot
-        # Read after: the relay was busy when the trigger (or snapshot) read it.
-        if _relay_state(db) is not False:
-            conn.rollback()
-            continue
-        # The relay drains the burst, finds nothing, declares itself idle.
-        assert wait_until(lambda: _relay_state(db) is True, 15), r.log()
-        time.sleep(0.3)  # the producer stays open across the transition (creates the race)
-        if not inserts_before:
-            event = db.enqueue("t", {"late": True}, conn=conn, commit=False)
-        conn.commit()
-        committed = time.monotonic()
-        assert wait_delivered(receiver, [event], timeout=5), r.log()
-        delay = time.monotonic() - committed
-        assert delay < 1.0, f"the event took {delay:.2f}s after its commit"
-        return
-    pytest.fail("could not get the relay declared busy at the producer's insert or snapshot")
+        # Read after, with the feeder still running: busy when the trigger (or snapshot) read it.
+        assert _relay_state(db) is False
+        feeder.stop()
+    # The relay drains the feed, finds nothing, declares itself idle.
+    assert wait_until(lambda: _relay_state(db) is True, 15), r.log()
+    time.sleep(0.3)  # the producer stays open across the transition (creates the race)
+    if not inserts_before:
+        event = db.enqueue("t", {"late": True}, conn=conn, commit=False)
+    conn.commit()
+    committed = time.monotonic()
+    assert wait_delivered(receiver, [event], timeout=5), r.log()
+    delay = time.monotonic() - committed
+    assert delay < 1.0, f"the event took {delay:.2f}s after its commit"
 
 
 def test_auto_mode_an_event_written_while_busy_and_due_after_the_relay_went_idle_fires_on_time(db, receiver, relay):
@@ -268,21 +286,17 @@ def test_auto_mode_an_event_written_while_busy_and_due_after_the_relay_went_idle
     delivers it on time (fails with neither answering: not delivered in 10 s)."""
     r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
     assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
-    for attempt in range(5):
-        if not _declared_busy_by_a_burst(db):
-            continue
+    with _Feeder(db) as feeder:
+        assert wait_until(lambda: _relay_state(db) is False, 5), "the feeder did not make the relay busy"
         delayed = db.enqueue("t", {"delayed": True},
                              available_at=db.scalar("SELECT (now() + interval '1500 milliseconds')::text"))
-        if _relay_state(db) is not False:
-            continue  # idle again already: the insert notified; try once more
-        due = db.scalar("SELECT extract(epoch FROM available_at)::float8 FROM {s}.events WHERE id = %s",
-                        (delayed,))
-        assert wait_until(lambda: _relay_state(db) is True, 15), r.log()
-        assert wait_delivered(receiver, [delayed], timeout=10), r.log()
-        sent = next(rq.t_wall for rq in receiver.snapshot() if rq.event_id == delayed)
-        assert sent - due < 0.5, f"delivered {sent - due:.2f}s after it fell due"
-        return
-    pytest.fail("could not write the delayed event while the relay was declared busy")
+        assert _relay_state(db) is False  # busy when the insert's trigger read it: it did not notify
+        feeder.stop()
+    due = db.scalar("SELECT extract(epoch FROM available_at)::float8 FROM {s}.events WHERE id = %s", (delayed,))
+    assert wait_until(lambda: _relay_state(db) is True, 15), r.log()
+    assert wait_delivered(receiver, [delayed], timeout=10), r.log()
+    sent = next(rq.t_wall for rq in receiver.snapshot() if rq.event_id == delayed)
+    assert sent - due < 0.5, f"delivered {sent - due:.2f}s after it fell due"
 
 
 def test_the_trigger_notifies_only_while_a_relay_is_declared_idle_and_its_declaration_is_valid(db, database_url):
