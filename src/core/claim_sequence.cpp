@@ -12,13 +12,20 @@ void append(std::vector<event>& to, std::vector<event>&& from) {
     std::move(from.begin(), from.end(), std::back_inserter(to));
 }
 
-// Up to `wanted` deliveries, none beyond a destination's free connections.
-// Returns whether a statement came back full.
+// Up to `wanted` deliveries, none beyond a destination's free connections
+// less the deliveries to it this claim took already. Returns whether a
+// statement came back full.
 bool claim_deliveries(claim_port& db, const claim_request& request, std::size_t wanted, std::vector<event>& got) {
     bool full = false;
+    std::vector<open_destination> open;
+    for (const auto& d : request.open_destinations) {
+        const auto taken = static_cast<std::size_t>(
+            std::count_if(got.begin(), got.end(), [&](const event& e) { return e.destination == d.name; }));
+        if (d.free > taken) open.push_back({d.name, d.free - taken});
+    }
     const auto start = got.size();
     std::vector<std::string> roomy;
-    for (const auto& d : request.open_destinations) {
+    for (const auto& d : open) {
         if (d.free >= wanted) roomy.push_back(d.name);
     }
     if (!roomy.empty()) {
@@ -27,7 +34,7 @@ bool claim_deliveries(claim_port& db, const claim_request& request, std::size_t 
         full = some.size() == size;
         append(got, std::move(some));
     }
-    for (const auto& d : request.open_destinations) {
+    for (const auto& d : open) {
         const auto left = wanted - (got.size() - start);
         if (d.free >= wanted || d.free == 0 || left == 0) continue;
         const auto size = claim_size(std::min(d.free, left));
@@ -127,7 +134,12 @@ claim_outcome run_claim(claim_port& db, const claim_request& request) {
     if (size > 0 && took_all) out.low_mark = std::move(claimed.low_mark);
     out.full = out.full || events_full;
     append(out.events, std::move(claimed.events));
-    if (!deliveries_first && claimed.deliveries_due && !open.empty() && out.events.size() < request.wanted) {
+    // Deliveries after the events when their statement saw some due: those
+    // it saw, and (after deliveries went first) those that fell due between
+    // the two statements. Its next_due counts only what is not due yet at
+    // its own now(): a retry due in that gap would be in neither, and wait
+    // for the sweep.
+    if (claimed.deliveries_due && !open.empty() && out.events.size() < request.wanted) {
         const bool more_full = claim_deliveries(db, request, request.wanted - out.events.size(), out.events);
         out.full = out.full || more_full;
     }

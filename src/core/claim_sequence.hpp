@@ -14,7 +14,9 @@
 //   - when a drain ends (a claim from the watermark comes back less than
 //     full), once more from the low mark for what committed late behind the
 //     watermark: its NOTIFY came and went while we were draining;
-//   - deliveries after events when the event claim says some are due;
+//   - deliveries after events when the event claim says some are due
+//     (also after deliveries went first: some may have fallen due between
+//     the two statements);
 //   - deliveries in one statement for the destinations with at least as
 //     many free connections as wanted, one statement each for the others.
 // Everything the next claim needs travels in the request and the outcome:

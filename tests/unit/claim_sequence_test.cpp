@@ -219,6 +219,54 @@ TEST_CASE("claim sequence: deliveries first when the last claim saw them due, af
     CHECK(out.events.size() == 3);
 }
 
+TEST_CASE("claim sequence: deliveries that fell due between the delivery and the event statements are claimed "
+          "after the events") {
+    // A retry fell due after the delivery statement's now() and before the
+    // event statement's: that statement says deliveries are due, and its
+    // "when is the next one" looks only at what is not due yet. Left there,
+    // the retry waited for the sweep (an e2e run: 10 s and more).
+    scripted_port db;
+    db.delivery_answers = {events(100, 1), events(101, 1)};
+    auto seen = picked(1, 1);
+    seen.deliveries_due = true;
+    seen.next_due = 30s;  // the lease just taken: the retry is due, not next
+    db.event_answers = {seen};
+    auto r = request(8);
+    r.deliveries_due = true;
+    const auto out = run_claim(db, r);
+    REQUIRE(db.calls.size() == 3);
+    CHECK(db.calls[0].what == "deliveries");
+    CHECK(db.calls[1].what == "events");
+    CHECK(db.calls[2].what == "deliveries");
+    CHECK(db.calls[2].size == 4);  // 6 left: the prepared size 4
+    CHECK(out.events.size() == 3);
+    CHECK(out.events.back().id == 101);
+}
+
+TEST_CASE("claim sequence: deliveries claimed after the events leave out the connections the first ones took") {
+    scripted_port db;
+    auto to = [](std::int64_t id, const char* destination) {
+        event e;
+        e.id = id;
+        e.destination = destination;
+        return e;
+    };
+    db.delivery_answers = {{to(100, "a"), to(101, "a")}, {to(102, "b")}, {to(103, "b")}};
+    auto seen = picked(1, 1);
+    seen.deliveries_due = true;
+    db.event_answers = {seen};
+    auto r = request(16);
+    r.deliveries_due = true;
+    r.open_destinations = {{"a", 2}, {"b", 3}};
+    const auto out = run_claim(db, r);
+    REQUIRE(db.calls.size() == 4);  // a, b, events, b
+    CHECK(db.calls[2].what == "events");
+    CHECK(db.calls[3].what == "deliveries");
+    CHECK(db.calls[3].destinations == std::vector<std::string>{"b"});  // a's two connections are taken
+    CHECK(db.calls[3].size == 2);                                      // b has two left
+    CHECK(out.events.size() == 5);
+}
+
 TEST_CASE("claim sequence: no destination with a free connection, no delivery claim") {
     scripted_port db;
     auto seen = picked(1, 0);
