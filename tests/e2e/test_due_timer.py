@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+from helpers import wait_delivered, wait_until
 from receiver import Receiver
 
 
@@ -82,3 +83,92 @@ def test_a_retry_fires_on_time_although_a_claim_that_began_before_it_was_recorde
         assert db.wait_empty(timeout=5), db.events()
     finally:
         rx.stop()
+
+
+
+def test_a_retry_that_falls_due_while_a_claim_runs_its_delivery_statement_is_claimed_by_that_claim(db, relay, tmp_path):
+    """A claim that saw deliveries due runs deliveries first, then events. A
+    retry that falls due after the delivery statement's now() and before the
+    event statement's is not taken by the first (not due yet), and the
+    second's "when is the next one" counts only what is not due yet: unless
+    the claim then claims deliveries again, nothing claims it before some
+    other wake-up (the sweep is an hour away; here a's held request, 15 s).
+    Forced: a's only connection is held, so a delivery to it stays due and
+    every claim goes deliveries first (b and c in one statement: each has
+    more free connections than a claim wants); two retries fall due 0.26 to
+    0.46 s apart (b's backoff 300 ms, c's 700 ms, less up to 20 % jitter);
+    the next-due timer wakes a claim for the first, and that claim's
+    delivery statement (the first UPDATE of `deliveries` after the test arms
+    it) sleeps 1 s, across the second's due time. Fails without the fix
+    (the second retry came after 10 s). In windows mode the page is read
+    before deliveries are claimed, and this passes by construction."""
+    db.query("CREATE TABLE {s}.sleep_once (armed boolean NOT NULL)")
+    db.query("INSERT INTO {s}.sleep_once VALUES (false)")
+    db.query("""CREATE FUNCTION {s}.sleep_once() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  IF EXISTS (SELECT 1 FROM {s}.sleep_once WHERE armed) THEN
+                    UPDATE {s}.sleep_once SET armed = false;
+                    PERFORM pg_sleep(1);
+                  END IF;
+                  RETURN NULL;
+                END $$""")
+    db.query("CREATE TRIGGER sleep_once BEFORE UPDATE ON {s}.deliveries "
+             "FOR EACH STATEMENT EXECUTE FUNCTION {s}.sleep_once()")
+    release = threading.Event()
+    lock = threading.Lock()
+    attempts: dict = {}
+
+    def held(req):
+        if req.headers.get("outbox-topic") == "hold.first":
+            release.wait(15)
+        return 200, {}, b"ok"
+
+    def fails_once(req):
+        with lock:
+            attempts.setdefault(req.event_id, []).append(time.monotonic())
+            if len(attempts[req.event_id]) == 1:
+                return 500, {}, b"not yet"
+        return 200, {}, b"ok"
+
+    with Receiver(held) as a, Receiver(fails_once) as b, Receiver(fails_once) as c:
+        config = (f'[destinations.a]\nurl = "{a.url}"\nmax_concurrency = 1\nrequest_timeout = "20s"\n\n'
+                  f'[destinations.b]\nurl = "{b.url}"\nmax_concurrency = 1024\n'
+                  'retry = { base = "300ms", cap = "300ms" }\n\n'
+                  f'[destinations.c]\nurl = "{c.url}"\nmax_concurrency = 1024\n'
+                  'retry = { base = "700ms", cap = "700ms" }\n\n'
+                  '[[routes]]\ntopics = ["hold.>"]\ndestinations = ["a"]\n\n'
+                  '[[routes]]\ntopics = ["soon.>"]\ndestinations = ["b"]\n\n'
+                  '[[routes]]\ntopics = ["later.>"]\ndestinations = ["c"]\n')
+        path = tmp_path / "outboxd.toml"
+        path.write_text(config)
+        r = relay(None, "--config", str(path), "--sweep-interval", "1h", "--lease", "30s",
+                  "--circuit-failures", "0")
+
+        def delivery_rows(event_id) -> int:
+            return db.scalar("SELECT count(*) FROM {s}.deliveries WHERE event_id = %s", (event_id,))
+
+        try:
+            first = db.enqueue("hold.first", {"n": 1})
+            assert a.wait_until(lambda reqs: any(q.event_id == first for q in reqs), 10), r.log()
+            # a has no free connection: this one gets a delivery row there, due now.
+            second = db.enqueue("hold.second", {"n": 2})
+            assert wait_until(lambda: delivery_rows(second) == 1, 10), r.log()
+            soon = db.enqueue("soon.retry", {"n": 3})
+            later = db.enqueue("later.retry", {"n": 4})
+            assert wait_until(lambda: delivery_rows(soon) == 1 and delivery_rows(later) == 1, 5), r.log()
+            db.query("UPDATE {s}.sleep_once SET armed = true")
+            left = db.scalar("SELECT extract(epoch FROM min(available_at) - now())::float8 FROM {s}.deliveries "
+                             "WHERE event_id IN (%s, %s)", (soon, later))
+            assert left > 0, f"the first retry fell due {-left:.3f} s before the test armed the sleep"
+            assert c.wait_until(lambda reqs: sum(q.event_id == later for q in reqs) >= 2, 10), \
+                (db.deliveries(), r.log())
+            assert not db.scalar("SELECT bool_or(armed) FROM {s}.sleep_once"), "no claim slept"
+            with lock:
+                gap = attempts[later][1] - attempts[later][0]
+            assert gap < 3.0, f"the retry due 0.7 s after its failure came {gap:.1f} s after it"
+            assert not release.is_set()
+        finally:
+            release.set()
+        assert wait_delivered(a, [first, second], 15), r.log()
+        assert wait_delivered(b, [soon], 5), r.log()
+        assert db.wait_empty(timeout=10), (db.events(), db.deliveries())
