@@ -75,7 +75,12 @@ claim_outcome run_claim(claim_port& db, const claim_request& request) {
     out.low_mark = request.low_mark;
     const auto& open = request.open_destinations;
 
-    const bool deliveries_first = request.deliveries_due && !open.empty();
+    // Deliveries go first only while a backlog drains: each event claim then
+    // fills every slot it may, and retries at a failed destination (older
+    // than the new events) would wait for the drain's end. Otherwise after
+    // the events: what the event statement's next_due leaves out (what is
+    // due at its now()) the delivery statement, later, sees due.
+    const bool deliveries_first = request.deliveries_due && request.drain_watermark && !open.empty();
     if (deliveries_first) out.full = claim_deliveries(db, request, request.wanted, out.events);
     // Events come in prepared sizes (powers of two), at most what is left.
     const auto size = claim_size(request.wanted - out.events.size());
@@ -138,7 +143,7 @@ claim_outcome run_claim(claim_port& db, const claim_request& request) {
     // it saw, and (after deliveries went first) those that fell due between
     // the two statements. Its next_due counts only what is not due yet at
     // its own now(): a retry due in that gap would be in neither, and wait
-    // for the sweep.
+    // for the sweep (or until some other wake-up).
     if (claimed.deliveries_due && !open.empty() && out.events.size() < request.wanted) {
         const bool more_full = claim_deliveries(db, request, request.wanted - out.events.size(), out.events);
         out.full = out.full || more_full;

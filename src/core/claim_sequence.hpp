@@ -6,8 +6,9 @@
 // tests against a script.
 //
 // Claim order and where a claim starts (see the claim in queries.sql):
-//   - deliveries first when the last claim saw some due (retries at a failed
-//     destination are older than new events);
+//   - deliveries first while a backlog drains, when the last claim saw some
+//     due (retries at a failed destination are older than the new events
+//     that would fill every claim until the drain ends);
 //   - events from the drain watermark while a backlog drains (behind the
 //     last row of the previous full claim), else from the low mark (where
 //     the last claim that took everything due began), else from the start;
@@ -16,7 +17,8 @@
 //     watermark: its NOTIFY came and went while we were draining;
 //   - deliveries after events when the event claim says some are due
 //     (also after deliveries went first: some may have fallen due between
-//     the two statements);
+//     the two statements, and the event claim's next_due counts only what
+//     is not due at its own now());
 //   - deliveries in one statement for the destinations with at least as
 //     many free connections as wanted, one statement each for the others.
 // Everything the next claim needs travels in the request and the outcome:

@@ -87,21 +87,23 @@ def test_a_retry_fires_on_time_although_a_claim_that_began_before_it_was_recorde
 
 
 def test_a_retry_that_falls_due_while_a_claim_runs_its_delivery_statement_is_claimed_by_that_claim(db, relay, tmp_path):
-    """A claim that saw deliveries due runs deliveries first, then events. A
-    retry that falls due after the delivery statement's now() and before the
-    event statement's is not taken by the first (not due yet), and the
-    second's "when is the next one" counts only what is not due yet: unless
-    the claim then claims deliveries again, nothing claims it before some
-    other wake-up (the sweep is an hour away; here a's held request, 15 s).
+    """A retry that falls due while a claim runs is claimed by that claim or
+    timed by its answer, never left for the sweep (an hour away here; a's
+    held request, 15 s, is the only other wake-up). Until 1dac15e a claim
+    after one that saw deliveries due ran deliveries first, then events: a
+    retry that fell due after the delivery statement's now() and before the
+    event statement's was not taken by the first (not due yet) nor counted by
+    the second's "when is the next one" (only what is not due yet). Now
+    deliveries go first only while a backlog drains, and are claimed again
+    after the events then (tests/unit/claim_sequence_test.cpp).
     Forced: a's only connection is held, so a delivery to it stays due and
-    every claim goes deliveries first (b and c in one statement: each has
-    more free connections than a claim wants); two retries fall due 0.26 to
-    0.46 s apart (b's backoff 300 ms, c's 700 ms, less up to 20 % jitter);
-    the next-due timer wakes a claim for the first, and that claim's
-    delivery statement (the first UPDATE of `deliveries` after the test arms
-    it) sleeps 1 s, across the second's due time. Fails without the fix
-    (the second retry came after 10 s). In windows mode the page is read
-    before deliveries are claimed, and this passes by construction."""
+    the relay carries "deliveries due" from claim to claim; two retries fall
+    due 0.26 to 0.46 s apart (b's backoff 300 ms, c's 700 ms, less up to 20 %
+    jitter; b and c more connections than a claim wants, so one delivery
+    statement serves both); the next-due timer wakes a claim for the first,
+    and that claim's delivery statement (the first UPDATE of `deliveries`
+    after the test arms it) sleeps 1 s, across the second's due time. On the
+    relay before 1dac15e the second retry came after 10 s (3 runs of 3)."""
     db.query("CREATE TABLE {s}.sleep_once (armed boolean NOT NULL)")
     db.query("INSERT INTO {s}.sleep_once VALUES (false)")
     db.query("""CREATE FUNCTION {s}.sleep_once() RETURNS trigger LANGUAGE plpgsql AS $$

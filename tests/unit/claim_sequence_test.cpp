@@ -192,31 +192,48 @@ TEST_CASE("claim sequence: after a drain through rows of blocked keys, the look 
     CHECK(drain_end_looks_from("L0", std::nullopt) == std::nullopt);
 }
 
-TEST_CASE("claim sequence: deliveries first when the last claim saw them due, after events when this one does") {
+TEST_CASE("claim sequence: deliveries first while a drain goes on and the last claim saw them due; else after "
+          "the events when their statement saw some due") {
     scripted_port db;
     db.delivery_answers = {events(100, 1)};
-    db.event_answers = {picked(1, 1)};
+    db.event_answers = {picked(1, 2)};  // full: the drain goes on
     auto r = request(4);
     r.deliveries_due = true;
+    r.drain_watermark = claim_watermark{"t", 0};
     auto out = run_claim(db, r);
     REQUIRE(db.calls.size() == 2);
     CHECK(db.calls[0].what == "deliveries");
     CHECK(db.calls[0].size == 4);
     CHECK(db.calls[1].what == "events");
+    CHECK(db.calls[1].after);
     CHECK(db.calls[1].size == 2);  // 3 left: the prepared size 2
-    CHECK(out.events.size() == 2);
+    CHECK(out.events.size() == 3);
 
+    // Outside a drain the events go first, whatever the last claim saw:
+    // what is due at the event statement's now() is due at the delivery
+    // statement's, later, too.
     scripted_port later;
     auto seen = picked(1, 1);
     seen.deliveries_due = true;
     later.event_answers = {seen};
     later.delivery_answers = {events(100, 2)};
-    out = run_claim(later, request(4));
+    auto again = request(4);
+    again.deliveries_due = true;
+    out = run_claim(later, again);
     REQUIRE(later.calls.size() == 2);
+    CHECK(later.calls[0].what == "events");
+    CHECK(later.calls[0].size == 4);
     CHECK(later.calls[1].what == "deliveries");
     CHECK(later.calls[1].size == 2);  // what the events left, in a prepared size
     CHECK(out.deliveries_due);
     CHECK(out.events.size() == 3);
+
+    // ... and none are claimed when that statement saw none due.
+    scripted_port none;
+    none.event_answers = {picked(1, 1)};
+    out = run_claim(none, again);
+    REQUIRE(none.calls.size() == 1);
+    CHECK(none.calls[0].what == "events");
 }
 
 TEST_CASE("claim sequence: deliveries that fell due between the delivery and the event statements are claimed "
@@ -227,19 +244,19 @@ TEST_CASE("claim sequence: deliveries that fell due between the delivery and the
     // the retry waited for the sweep (an e2e run: 10 s and more).
     scripted_port db;
     db.delivery_answers = {events(100, 1), events(101, 1)};
-    auto seen = picked(1, 1);
+    auto seen = picked(1, 4);  // full: the drain goes on
     seen.deliveries_due = true;
-    seen.next_due = 30s;  // the lease just taken: the retry is due, not next
     db.event_answers = {seen};
     auto r = request(8);
     r.deliveries_due = true;
+    r.drain_watermark = claim_watermark{"t", 0};
     const auto out = run_claim(db, r);
     REQUIRE(db.calls.size() == 3);
     CHECK(db.calls[0].what == "deliveries");
     CHECK(db.calls[1].what == "events");
     CHECK(db.calls[2].what == "deliveries");
-    CHECK(db.calls[2].size == 4);  // 6 left: the prepared size 4
-    CHECK(out.events.size() == 3);
+    CHECK(db.calls[2].size == 2);  // 3 left: the prepared size 2
+    CHECK(out.events.size() == 6);
     CHECK(out.events.back().id == 101);
 }
 
@@ -252,11 +269,12 @@ TEST_CASE("claim sequence: deliveries claimed after the events leave out the con
         return e;
     };
     db.delivery_answers = {{to(100, "a"), to(101, "a")}, {to(102, "b")}, {to(103, "b")}};
-    auto seen = picked(1, 1);
+    auto seen = picked(1, 8);  // full: the drain goes on
     seen.deliveries_due = true;
     db.event_answers = {seen};
     auto r = request(16);
     r.deliveries_due = true;
+    r.drain_watermark = claim_watermark{"t", 0};
     r.open_destinations = {{"a", 2}, {"b", 3}};
     const auto out = run_claim(db, r);
     REQUIRE(db.calls.size() == 4);  // a, b, events, b
@@ -264,7 +282,7 @@ TEST_CASE("claim sequence: deliveries claimed after the events leave out the con
     CHECK(db.calls[3].what == "deliveries");
     CHECK(db.calls[3].destinations == std::vector<std::string>{"b"});  // a's two connections are taken
     CHECK(db.calls[3].size == 2);                                      // b has two left
-    CHECK(out.events.size() == 5);
+    CHECK(out.events.size() == 12);
 }
 
 TEST_CASE("claim sequence: no destination with a free connection, no delivery claim") {
@@ -294,12 +312,13 @@ TEST_CASE("claim sequence: a claim that picked rows it could not lease still cou
 TEST_CASE("claim sequence: no more deliveries for a destination than it has free connections") {
     scripted_port db;
     db.delivery_answers = {events(100, 8), events(200, 1), events(300, 0)};
-    db.event_answers = {picked(1, 0)};
+    db.event_answers = {picked(1, 0), picked(1, 0)};  // the drain ends: once more from the low mark
     auto r = request(16);
     r.deliveries_due = true;
+    r.drain_watermark = claim_watermark{"t", 0};
     r.open_destinations = {{"slow", 1}, {"fast", 32}, {"probing", 1}};
     const auto out = run_claim(db, r);
-    REQUIRE(db.calls.size() == 4);
+    REQUIRE(db.calls.size() == 5);
     CHECK(db.calls[0].destinations == std::vector<std::string>{"fast"});
     CHECK(db.calls[0].size == 16);
     CHECK(db.calls[1].destinations == std::vector<std::string>{"slow"});
