@@ -103,7 +103,7 @@ def test_a_retry_that_falls_due_while_a_claim_runs_its_delivery_statement_is_cla
     statement serves both); the next-due timer wakes a claim for the first,
     and that claim's delivery statement (the first UPDATE of `deliveries`
     after the test arms it) sleeps 1 s, across the second's due time. On the
-    relay before 1dac15e the second retry came after 10 s (3 runs of 3)."""
+    relay before 1dac15e the second retry came after 10 s (5 runs of 5)."""
     db.query("CREATE TABLE {s}.sleep_once (armed boolean NOT NULL)")
     db.query("INSERT INTO {s}.sleep_once VALUES (false)")
     db.query("""CREATE FUNCTION {s}.sleep_once() RETURNS trigger LANGUAGE plpgsql AS $$
