@@ -36,7 +36,7 @@ bool claim_deliveries(claim_port& db, const claim_request& request, std::size_t 
     }
     for (const auto& d : open) {
         const auto left = wanted - (got.size() - start);
-        if (d.free >= wanted || d.free == 0 || left == 0) continue;
+        if (d.free >= wanted || left == 0) continue;  // (`open` holds only destinations with room)
         const auto size = claim_size(std::min(d.free, left));
         const std::string name[] = {d.name};
         auto some = db.claim_deliveries(size, request.lease, name);

@@ -204,7 +204,8 @@ def _relay_state(db):
 class _Feeder:
     """Keeps the relay busy for as long as a test needs it: 50 events per
     statement every 10 ms from its own connection (some 2,000 a second, far
-    above the busy rate of 300) until stop(). A single burst is not enough:
+    above the busy rate of 300) until stop(); entered once the relay has
+    declared itself busy. A single burst is not enough:
     it is drained (in windows mode read in one go) and the relay idle again
     within ~100 ms, and in one CI run (e2e-windows, -O3 build) none of five
     tries caught it still busy when the test's producer looked."""
@@ -223,6 +224,7 @@ class _Feeder:
 
     def __enter__(self):
         self._thread.start()
+        assert wait_until(lambda: _relay_state(self._db) is False, 5), "the feeder did not make the relay busy"
         return self
 
     def stop(self):
@@ -255,7 +257,6 @@ def test_auto_mode_claims_promptly_a_commit_that_raced_the_relays_busy_to_idle_t
     assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
     conn = db.connect()
     with _Feeder(db) as feeder:
-        assert wait_until(lambda: _relay_state(db) is False, 5), "the feeder did not make the relay busy"
         if inserts_before:
             event = db.enqueue("t", {"raced": True}, conn=conn, commit=False)
         else:
@@ -287,7 +288,6 @@ def test_auto_mode_an_event_written_while_busy_and_due_after_the_relay_went_idle
     r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
     assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
     with _Feeder(db) as feeder:
-        assert wait_until(lambda: _relay_state(db) is False, 5), "the feeder did not make the relay busy"
         delayed = db.enqueue("t", {"delayed": True},
                              available_at=db.scalar("SELECT (now() + interval '1500 milliseconds')::text"))
         assert _relay_state(db) is False  # busy when the insert's trigger read it: it did not notify

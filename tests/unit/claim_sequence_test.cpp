@@ -86,6 +86,21 @@ claim_request request(std::size_t wanted) {
     return r;
 }
 
+// A claim while a backlog drains, after one that saw deliveries due: the
+// deliveries go first.
+claim_request draining_with_deliveries_due(std::size_t wanted) {
+    auto r = request(wanted);
+    r.deliveries_due = true;
+    r.drain_watermark = claim_watermark{"t", 0};
+    return r;
+}
+
+// An event statement's answer that also says deliveries are due.
+claim_result seeing_deliveries_due(claim_result r) {
+    r.deliveries_due = true;
+    return r;
+}
+
 }  // namespace
 
 TEST_CASE("claim sequence: sizes are powers of two up to 1024") {
@@ -197,10 +212,7 @@ TEST_CASE("claim sequence: deliveries first while a drain goes on and the last c
     scripted_port db;
     db.delivery_answers = {events(100, 1)};
     db.event_answers = {picked(1, 2)};  // full: the drain goes on
-    auto r = request(4);
-    r.deliveries_due = true;
-    r.drain_watermark = claim_watermark{"t", 0};
-    auto out = run_claim(db, r);
+    auto out = run_claim(db, draining_with_deliveries_due(4));
     REQUIRE(db.calls.size() == 2);
     CHECK(db.calls[0].what == "deliveries");
     CHECK(db.calls[0].size == 4);
@@ -213,9 +225,7 @@ TEST_CASE("claim sequence: deliveries first while a drain goes on and the last c
     // what is due at the event statement's now() is due at the delivery
     // statement's, later, too.
     scripted_port later;
-    auto seen = picked(1, 1);
-    seen.deliveries_due = true;
-    later.event_answers = {seen};
+    later.event_answers = {seeing_deliveries_due(picked(1, 1))};
     later.delivery_answers = {events(100, 2)};
     auto again = request(4);
     again.deliveries_due = true;
@@ -244,13 +254,8 @@ TEST_CASE("claim sequence: deliveries that fell due between the delivery and the
     // the retry waited for the sweep (an e2e run: 10 s and more).
     scripted_port db;
     db.delivery_answers = {events(100, 1), events(101, 1)};
-    auto seen = picked(1, 4);  // full: the drain goes on
-    seen.deliveries_due = true;
-    db.event_answers = {seen};
-    auto r = request(8);
-    r.deliveries_due = true;
-    r.drain_watermark = claim_watermark{"t", 0};
-    const auto out = run_claim(db, r);
+    db.event_answers = {seeing_deliveries_due(picked(1, 4))};  // full: the drain goes on
+    const auto out = run_claim(db, draining_with_deliveries_due(8));
     REQUIRE(db.calls.size() == 3);
     CHECK(db.calls[0].what == "deliveries");
     CHECK(db.calls[1].what == "events");
@@ -269,12 +274,8 @@ TEST_CASE("claim sequence: deliveries claimed after the events leave out the con
         return e;
     };
     db.delivery_answers = {{to(100, "a"), to(101, "a")}, {to(102, "b")}, {to(103, "b")}};
-    auto seen = picked(1, 8);  // full: the drain goes on
-    seen.deliveries_due = true;
-    db.event_answers = {seen};
-    auto r = request(16);
-    r.deliveries_due = true;
-    r.drain_watermark = claim_watermark{"t", 0};
+    db.event_answers = {seeing_deliveries_due(picked(1, 8))};  // full: the drain goes on
+    auto r = draining_with_deliveries_due(16);
     r.open_destinations = {{"a", 2}, {"b", 3}};
     const auto out = run_claim(db, r);
     REQUIRE(db.calls.size() == 4);  // a, b, events, b
@@ -313,9 +314,7 @@ TEST_CASE("claim sequence: no more deliveries for a destination than it has free
     scripted_port db;
     db.delivery_answers = {events(100, 8), events(200, 1), events(300, 0)};
     db.event_answers = {picked(1, 0), picked(1, 0)};  // the drain ends: once more from the low mark
-    auto r = request(16);
-    r.deliveries_due = true;
-    r.drain_watermark = claim_watermark{"t", 0};
+    auto r = draining_with_deliveries_due(16);
     r.open_destinations = {{"slow", 1}, {"fast", 32}, {"probing", 1}};
     const auto out = run_claim(db, r);
     REQUIRE(db.calls.size() == 5);
