@@ -289,8 +289,15 @@ void relay_engine::claimed(claim_outcome result) {
     // Retries and delayed events fire on time, not at the next sweep. If an
     // outcome was recorded while the claim ran, its snapshot may predate a
     // retry just written (it saw that row still leased, due at the lease's
-    // end): then its answer may only bring the timer forward.
-    if (!dispatch_.stopping() && result.next_due) arm_next_due(*result.next_due, next_due_authoritative);
+    // end): then its answer may only bring the timer forward. Counted from
+    // when the claim began, not from its answer: "due in 300 ms" was
+    // measured at its statement's now(), and a claim that took a second
+    // (a lock wait, a slow server) would otherwise fire that much late. Its
+    // statement may have begun a little after `started`: the timer fires at
+    // most that much early, and the claim it starts answers the rest.
+    if (!dispatch_.stopping() && result.next_due) {
+        arm_next_due(*result.next_due, next_due_authoritative, result.started);
+    }
 }
 
 void relay_engine::claim_failed(const std::string& why) {
@@ -362,11 +369,11 @@ void relay_engine::pump() {
 
 // The next-due timer: exact retries and delayed events. `replace` when the
 // database's answer is authoritative; otherwise only ever earlier.
-void relay_engine::arm_next_due(milliseconds in, bool replace) {
+void relay_engine::arm_next_due(milliseconds in, bool replace, steady_time from) {
     // Nothing further than the next sweep needs a timer: the sweep claims
-    // then anyway. Also keeps now + in from overflowing for an event due
+    // then anyway. Also keeps from + in from overflowing for an event due
     // centuries ahead.
-    const auto when = clock_.steady() + std::clamp(in, milliseconds(0), cfg_.sweep_interval);
+    const auto when = from + std::clamp(in, milliseconds(0), cfg_.sweep_interval);
     if (!replace && next_due_armed_ && next_due_at_ <= when) return;
     next_due_armed_ = true;
     next_due_at_ = when;
@@ -958,7 +965,7 @@ void relay_engine::outcomes_written(std::size_t fenced) {
         log::warn("lease lost before the outcome was recorded; the event's new holder delivers it again",
                   {{"outcomes", str(static_cast<std::int64_t>(fenced))}});
     }
-    if (retry_in && !dispatch_.stopping()) arm_next_due(*retry_in, false);
+    if (retry_in && !dispatch_.stopping()) arm_next_due(*retry_in, false, clock_.steady());
     if (reader_ && !batch->parks.empty()) {
         // Recorded: those events settle, their keys' later events may go, and
         // their delivery rows are due (at their times) for the next claim.

@@ -395,7 +395,8 @@ private:
     void pump();
     void reset_claim_marks(bool watermark_too);
     void apply_resets_after_claim();
-    void arm_next_due(std::chrono::milliseconds in, bool replace);
+    // `in` counts from `from`: when the statement that measured it began.
+    void arm_next_due(std::chrono::milliseconds in, bool replace, steady_time from);
     void sweep();
 
     // delivering

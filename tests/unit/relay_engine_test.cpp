@@ -624,6 +624,7 @@ TEST_CASE("relay engine: the next-due timer follows the claim, never beyond the 
     h.start();
     claim_outcome o;
     o.next_due = 5s;
+    o.started = h.clock.now;
     h.engine.claimed(std::move(o));
     h.step();
     CHECK(h.armed(relay_timer::next_due)->at == h.clock.now + 5s);
@@ -632,9 +633,27 @@ TEST_CASE("relay engine: the next-due timer follows the claim, never beyond the 
     h.step();
     claim_outcome far;
     far.next_due = milliseconds(std::numeric_limits<std::int64_t>::max() / 2);
+    far.started = h.clock.now;
     h.engine.claimed(std::move(far));
     h.step();
     CHECK(h.armed(relay_timer::next_due)->at == h.clock.now + 30s);
+}
+
+TEST_CASE("relay engine: the next-due timer counts from when the claim began, not from its answer") {
+    // "Due in 300 ms" was measured at the claim's statement; a claim that
+    // took a second to answer must not delay that retry by its own second.
+    harness h(one_destination(2));
+    h.start();
+    const auto began = h.clock.now;
+    h.clock.advance(1s);
+    claim_outcome slow;
+    slow.next_due = 300ms;
+    slow.started = began;
+    slow.done = h.clock.now;
+    h.engine.claimed(std::move(slow));
+    h.step();
+    REQUIRE(h.armed(relay_timer::next_due));
+    CHECK(h.armed(relay_timer::next_due)->at == began + 300ms);
 }
 
 TEST_CASE("relay engine: a retry is timed from the write that records it") {
