@@ -951,6 +951,7 @@ void relay_engine::flush_outcomes(bool gathered) {
                                                          ? pending_.take_front(most_outcomes_per_write)
                                                          : std::exchange(pending_, {}));
     writing_retry_in_ = std::exchange(arm_due_after_flush_, std::nullopt);
+    writing_since_ = clock_.steady();
     emit(write_outcomes_command{writing_});
 }
 
@@ -965,7 +966,9 @@ void relay_engine::outcomes_written(std::size_t fenced) {
         log::warn("lease lost before the outcome was recorded; the event's new holder delivers it again",
                   {{"outcomes", str(static_cast<std::int64_t>(fenced))}});
     }
-    if (retry_in && !dispatch_.stopping()) arm_next_due(*retry_in, false, clock_.steady());
+    // From when the write was issued: its statement set the retry's time
+    // from its own now(), a little after that, never before.
+    if (retry_in && !dispatch_.stopping()) arm_next_due(*retry_in, false, writing_since_);
     if (reader_ && !batch->parks.empty()) {
         // Recorded: those events settle, their keys' later events may go, and
         // their delivery rows are due (at their times) for the next claim.

@@ -523,6 +523,7 @@ private:
     std::optional<std::chrono::milliseconds> arm_due_after_flush_;
     std::shared_ptr<const outcome_batch> writing_;  // set while a write runs
     std::optional<std::chrono::milliseconds> writing_retry_in_;
+    steady_time writing_since_{};  // when the write under way was issued
     std::uint64_t flushes_recorded_ = 0;
     db_backoff flush_backoff_;
     bool flush_backing_off_ = false;  // a write failed: the next waits for flush_retry

@@ -667,10 +667,13 @@ TEST_CASE("relay engine: a retry is timed from the write that records it") {
     CHECK(due_in >= 4s);  // 5 s less at most 20 % jitter
     CHECK(due_in <= 5s);
     CHECK_FALSE(h.armed(relay_timer::next_due));  // not before it is recorded
+    // The write takes 50 ms: the retry's time counts from when it was issued
+    // (its statement's now() is no earlier), not from its answer.
+    const auto issued = h.clock.now;
     h.clock.advance(50ms);
     h.engine.outcomes_written(0);
     h.step();
-    CHECK(h.armed(relay_timer::next_due)->at == h.clock.now + due_in);
+    CHECK(h.armed(relay_timer::next_due)->at == issued + due_in);
 }
 
 TEST_CASE("relay engine: a claim whose snapshot predates a retry's write does not push its timer back, "
