@@ -117,9 +117,21 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- is never fanned out: those are parked at 'infinity'). Over few keys,
 -- testing every row cost most of a claim (10 keys: ~20 ms a claim of 256,
 -- where the runs behind the keys' first events are the events it leases).
--- The list is read only when the scan meets a keyed row (the OR below
+-- The list is read only when the scan meets a keyed row (the OR in `due`
 -- stops at an unkeyed one): a backlog without keys pays nothing for it.
--- The cheap test first: a key held by a lease blocks all its rows.
+-- The cheap test first, on every key: a key held by a lease blocks all its
+-- rows. Then the walk of the key index, in id order, only until the list
+-- holds a quarter of the claim's size (at least 16, or the size if smaller):
+-- each key taken costs the claim a hold, a walk each way and later an
+-- outcome written at once, and a claim of 128 that took all of 100 keys'
+-- first events left room for runs of one or two behind them. With at most
+-- 32 keys it leaves runs of 4 (a relay sends no more keys at once than it
+-- has connections anyway), and a 100-key drain spent ~15% less in its
+-- claims (bench/results/keyed-experiments-2026-12-02.md). A claim whose
+-- list was cut says it is full (below), so that the relay claims again at
+-- once, behind its last key, where the other keys' first events are.
+-- OFFSET 0 keeps the walk above the sort: without it the planner tests
+-- every key before it sorts and cuts the list.
 -- FOR UPDATE OF locked: rows are locked as they pass the rule, not as they
 -- are examined; locked by ctid, a row that changed since the snapshot is
 -- not locked (its new version is elsewhere).
@@ -127,15 +139,30 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- anything (a busy `auto` relay, core/wake_policy.hpp); then the claim
 -- leaves "when is the next one" (below) to the claim that leases nothing.
 WITH first_of_keys AS MATERIALIZED (
-    SELECT min(s.id) AS id
-    FROM (SELECT e.id, e.ordering_key
-          FROM :"schema".events e
-          WHERE e.available_at <= now()
-            AND :after_watermark
-          ORDER BY e.available_at, e.id
-          LIMIT 4 * :claim_size + 256) AS s
-    WHERE s.ordering_key IS NOT NULL
-    GROUP BY s.ordering_key
+    SELECT f.id
+    FROM (SELECT k.id, k.ordering_key
+          FROM (SELECT min(s.id) AS id, s.ordering_key
+                FROM (SELECT e.id, e.ordering_key
+                      FROM :"schema".events e
+                      WHERE e.available_at <= now()
+                        AND :after_watermark
+                      ORDER BY e.available_at, e.id
+                      LIMIT 4 * :claim_size + 256) AS s
+                WHERE s.ordering_key IS NOT NULL
+                GROUP BY s.ordering_key) AS k
+          WHERE NOT EXISTS (
+              SELECT 1 FROM :"schema".key_holds h
+              WHERE h.ordering_key = k.ordering_key AND h.destination = ''
+                AND h.until > now() AND h.event_id <> k.id)
+          ORDER BY k.id
+          OFFSET 0) AS f
+    WHERE (SELECT earlier.id FROM :"schema".events earlier
+           WHERE earlier.ordering_key >= f.ordering_key
+             AND (earlier.ordering_key, earlier.id) < (f.ordering_key, f.id)
+             AND NOT earlier.fanned_out
+           ORDER BY earlier.ordering_key DESC, earlier.id DESC
+           LIMIT 1) IS NULL
+    LIMIT greatest(:claim_size / 4, least(:claim_size, 16))
 ),
 due AS (
     SELECT locked.id, locked.ctid AS tid, locked.available_at, locked.ordering_key
@@ -147,17 +174,7 @@ due AS (
           LIMIT 4 * :claim_size + 256) AS examined
     JOIN :"schema".events locked ON locked.ctid = examined.tid
     WHERE examined.ordering_key IS NULL
-       OR (examined.id IN (SELECT id FROM first_of_keys)
-           AND NOT EXISTS (
-               SELECT 1 FROM :"schema".key_holds h
-               WHERE h.ordering_key = examined.ordering_key AND h.destination = ''
-                 AND h.until > now() AND h.event_id <> examined.id)
-           AND (SELECT earlier.id FROM :"schema".events earlier
-                WHERE earlier.ordering_key >= examined.ordering_key
-                  AND (earlier.ordering_key, earlier.id) < (examined.ordering_key, examined.id)
-                  AND NOT earlier.fanned_out
-                ORDER BY earlier.ordering_key DESC, earlier.id DESC
-                LIMIT 1) IS NULL)
+       OR examined.id IN (SELECT id FROM first_of_keys)
     ORDER BY examined.available_at, examined.id
     LIMIT :claim_size
     FOR UPDATE OF locked SKIP LOCKED
@@ -309,15 +326,25 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- rows the claim picked, leased or not (a key held by another claim):
        -- "came back full" is judged on these, or a hold conflict would end
        -- a drain and move the low mark past rows still waiting; a claim
-       -- that examined its bound counts as full
-       CASE WHEN bound.id IS NULL THEN (SELECT count(*) FROM due) ELSE :claim_size END,
+       -- that examined its bound, or took as many keys as it may, counts
+       -- as full
+       CASE WHEN bound.id IS NULL AND NOT capped.cut THEN (SELECT count(*) FROM due) ELSE :claim_size END,
        NULL, NULL, NULL
 FROM (SELECT 1) AS one
-LEFT JOIN (SELECT available_at, id FROM due ORDER BY available_at DESC, id DESC LIMIT 1) AS picked ON true
+CROSS JOIN (SELECT count(*) >= greatest(:claim_size / 4, least(:claim_size, 16)) AS cut
+            FROM due WHERE ordering_key IS NOT NULL) AS capped
+-- the last row picked; in a claim that took as many keys as it may, the
+-- last key's: rows without a key picked behind it would put the other
+-- keys' first events behind the watermark, out of the next claim's reach
+LEFT JOIN LATERAL (SELECT available_at, id FROM due WHERE NOT capped.cut OR ordering_key IS NOT NULL
+                   ORDER BY available_at DESC, id DESC LIMIT 1) AS picked ON true
 -- the last row `due` examined, if it examined its bound and did not fill up
--- (the count is a one-time filter: a claim that filled up skips the scan)
+-- nor take as many keys as it may (the counts are one-time filters: a
+-- claim that did skips the scan; its watermark is the last row it picked)
 LEFT JOIN (SELECT e.available_at, e.id FROM :"schema".events e
            WHERE e.available_at <= now() AND :after_watermark AND (SELECT count(*) FROM due) < :claim_size
+             AND (SELECT count(*) FROM due WHERE ordering_key IS NOT NULL)
+                 < greatest(:claim_size / 4, least(:claim_size, 16))
            ORDER BY e.available_at, e.id
            OFFSET 4 * :claim_size + 255 LIMIT 1) AS bound ON true
 CROSS JOIN LATERAL (SELECT coalesce(bound.available_at, picked.available_at) AS available_at,

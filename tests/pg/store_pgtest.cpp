@@ -1280,3 +1280,91 @@ TEST_CASE("an event without a key behind a backlog of blocked keys is claimed by
     CHECK_FALSE(again.full);
     CHECK(port.claims <= 13);
 }
+
+TEST_CASE("a claim over more keys than a quarter of its size takes that many keys with runs behind them, and "
+          "says it is full so that the claims behind it take the other keys at once") {
+    // 100 keys, 10 events each, round robin. Each key a claim takes costs
+    // it a hold, a walk of the key index each way and, later, an outcome
+    // written at once; a claim of 128 that took all 100 keys' first events
+    // left room for runs of one or two. It takes 32 keys (a quarter of its
+    // size) with runs of 4, and reports itself full with its watermark at
+    // the last key it took, so that the relay claims again at once, behind
+    // it, where the other keys' first events are.
+    installed db;
+    auto s = db.store("a");
+    CHECK(db.query("WITH backlog AS (INSERT INTO {s}.events (topic, ordering_key, payload) "
+                   "SELECT 't', 'key-' || (g % 100), '{}' FROM generate_series(1, 1000) g RETURNING 1) "
+                   "SELECT count(*) FROM backlog") == "1000");
+    store_port port(s);
+    claim_request r;
+    r.wanted = 128;
+    r.lease = 30s;
+    std::set<std::string> seen;
+    for (int claim = 0; claim < 3; ++claim) {
+        CAPTURE(claim);
+        const auto out = run_claim(port, r);
+        CHECK(out.full);
+        REQUIRE(out.drain_watermark);
+        std::map<std::string, std::vector<std::int64_t>> by_key;
+        for (const auto& e : out.events) by_key[*e.ordering_key].push_back(e.id);
+        CHECK(out.events.size() == 128);
+        CHECK(by_key.size() == 32);
+        for (auto& [key, ids] : by_key) {
+            CAPTURE(key);
+            CHECK(seen.insert(key).second);  // no key twice
+            std::sort(ids.begin(), ids.end());
+            REQUIRE(ids.size() == 4);
+            // The key's first four events (ids 100 apart), of the 32 keys
+            // whose first events come next in the backlog.
+            CHECK(ids.front() > claim * 32);
+            CHECK(ids.front() <= (claim + 1) * 32);
+            for (std::size_t i = 1; i < ids.size(); ++i) CHECK(ids[i] == ids[i - 1] + 100);
+        }
+        r.drain_watermark = out.drain_watermark;
+        r.low_mark = out.low_mark;
+    }
+    // The four keys left, with their whole backlogs (10 each): fewer keys
+    // than the claim may take, so their runs share out all its room.
+    const auto last = run_claim(port, r);
+    std::set<std::string> keys;
+    for (const auto& e : last.events) keys.insert(*e.ordering_key);
+    CHECK(keys.size() == 4);
+    CHECK(last.events.size() == 40);
+    for (const auto& k : keys) CHECK(seen.insert(k).second);
+    CHECK(seen.size() == 100);
+}
+
+TEST_CASE("a claim that took as many keys as it may sets its watermark at its last key, not at the rows without "
+          "a key it picked behind it") {
+    // Odd ids over 50 keys (each key's first event is its residue: 1, 3,
+    // ... 99), even ids without a key. A claim of 64 may take 16 keys: the
+    // first events 1..31, and rows without a key, 2..96. The next claim
+    // goes on behind the watermark: behind 96, key-33's first event (33)
+    // would be out of its reach, and its key would wait until something
+    // sent the relay back to the beginning.
+    installed db;
+    auto s = db.store("a");
+    CHECK(db.query("WITH backlog AS (INSERT INTO {s}.events (topic, ordering_key, payload) "
+                   "SELECT 't', CASE WHEN g % 2 = 1 THEN 'key-' || (g % 100) END, '{}' "
+                   "FROM generate_series(1, 400) g RETURNING 1) SELECT count(*) FROM backlog") == "400");
+    store_port port(s);
+    claim_request r;
+    r.wanted = 64;
+    r.lease = 30s;
+    const auto first = run_claim(port, r);
+    CHECK(first.events.size() == 64);
+    CHECK(first.full);
+    REQUIRE(first.drain_watermark);
+    CHECK(first.drain_watermark->id == 31);
+    r.drain_watermark = first.drain_watermark;
+    r.low_mark = first.low_mark;
+    const auto second = run_claim(port, r);
+    std::vector<std::int64_t> heads;
+    for (const auto& e : second.events) {
+        if (e.ordering_key && !e.run_head) heads.push_back(e.id);
+    }
+    std::sort(heads.begin(), heads.end());
+    std::vector<std::int64_t> expected;
+    for (std::int64_t id = 33; id <= 63; id += 2) expected.push_back(id);
+    CHECK(heads == expected);
+}
