@@ -150,10 +150,12 @@ WITH first_of_keys AS MATERIALIZED (
                       LIMIT 4 * :claim_size + 256) AS s
                 WHERE s.ordering_key IS NOT NULL
                 GROUP BY s.ordering_key) AS k
-          WHERE NOT EXISTS (
-              SELECT 1 FROM :"schema".key_holds h
-              WHERE h.ordering_key = k.ordering_key AND h.destination = ''
-                AND h.until > now() AND h.event_id <> k.id)
+          -- a probe of the key's hold, not a join: a join may read every
+          -- hold, with the dead versions outcomes leave behind
+          WHERE (SELECT 1 FROM :"schema".key_holds h
+                 WHERE h.ordering_key = k.ordering_key AND h.destination = ''
+                   AND h.until > now() AND h.event_id <> k.id
+                 LIMIT 1) IS NULL
           ORDER BY k.id
           OFFSET 0) AS f
     WHERE (SELECT earlier.id FROM :"schema".events earlier
