@@ -1234,6 +1234,23 @@ private:
     pg::store& s_;
 };
 
+// `count` events in one statement; the ordering key of the g-th (from 1) is
+// the SQL expression `key` of g (NULL: none).
+void insert_backlog(installed& db, const std::string& key, int count) {
+    CHECK(db.query(fmt::format("WITH backlog AS (INSERT INTO {{s}}.events (topic, ordering_key, payload) "
+                               "SELECT 't', {}, '{{}}' FROM generate_series(1, {}) g RETURNING 1) "
+                               "SELECT count(*) FROM backlog",
+                               key, count)) == std::to_string(count));
+}
+
+// What the relay asks of a claim for `wanted` events while nothing is out.
+claim_request claim_of(std::size_t wanted) {
+    claim_request r;
+    r.wanted = wanted;
+    r.lease = 30s;
+    return r;
+}
+
 }  // namespace
 
 TEST_CASE("an event without a key behind a backlog of blocked keys is claimed by the claims that go on behind "
@@ -1252,9 +1269,7 @@ TEST_CASE("an event without a key behind a backlog of blocked keys is claimed by
     const auto loner = db.query("INSERT INTO {s}.events (topic, payload, available_at) "
                                 "VALUES ('t', '{}', now() - interval '1 minute') RETURNING id");
     store_port port(s);
-    claim_request r;
-    r.wanted = 16;
-    r.lease = 30s;
+    auto r = claim_of(16);
     std::vector<std::int64_t> got;
     bool ended = false;
     for (int run = 0; run < 30 && !ended; ++run) {
@@ -1292,13 +1307,9 @@ TEST_CASE("a claim over more keys than a quarter of its size takes that many key
     // it, where the other keys' first events are.
     installed db;
     auto s = db.store("a");
-    CHECK(db.query("WITH backlog AS (INSERT INTO {s}.events (topic, ordering_key, payload) "
-                   "SELECT 't', 'key-' || (g % 100), '{}' FROM generate_series(1, 1000) g RETURNING 1) "
-                   "SELECT count(*) FROM backlog") == "1000");
+    insert_backlog(db, "'key-' || (g % 100)", 1000);
     store_port port(s);
-    claim_request r;
-    r.wanted = 128;
-    r.lease = 30s;
+    auto r = claim_of(128);
     std::set<std::string> seen;
     for (int claim = 0; claim < 3; ++claim) {
         CAPTURE(claim);
@@ -1344,13 +1355,9 @@ TEST_CASE("a claim that took as many keys as it may sets its watermark at its la
     // sent the relay back to the beginning.
     installed db;
     auto s = db.store("a");
-    CHECK(db.query("WITH backlog AS (INSERT INTO {s}.events (topic, ordering_key, payload) "
-                   "SELECT 't', CASE WHEN g % 2 = 1 THEN 'key-' || (g % 100) END, '{}' "
-                   "FROM generate_series(1, 400) g RETURNING 1) SELECT count(*) FROM backlog") == "400");
+    insert_backlog(db, "CASE WHEN g % 2 = 1 THEN 'key-' || (g % 100) END", 400);
     store_port port(s);
-    claim_request r;
-    r.wanted = 64;
-    r.lease = 30s;
+    auto r = claim_of(64);
     const auto first = run_claim(port, r);
     CHECK(first.events.size() == 64);
     CHECK(first.full);
