@@ -341,14 +341,13 @@ CROSS JOIN (SELECT count(*) >= greatest(:claim_size / 4, least(:claim_size, 16))
 LEFT JOIN LATERAL (SELECT available_at, id FROM due WHERE NOT capped.cut OR ordering_key IS NOT NULL
                    ORDER BY available_at DESC, id DESC LIMIT 1) AS picked ON true
 -- the last row `due` examined, if it examined its bound and did not fill up
--- nor take as many keys as it may (the counts are one-time filters: a
--- claim that did skips the scan; its watermark is the last row it picked)
-LEFT JOIN (SELECT e.available_at, e.id FROM :"schema".events e
-           WHERE e.available_at <= now() AND :after_watermark AND (SELECT count(*) FROM due) < :claim_size
-             AND (SELECT count(*) FROM due WHERE ordering_key IS NOT NULL)
-                 < greatest(:claim_size / 4, least(:claim_size, 16))
-           ORDER BY e.available_at, e.id
-           OFFSET 4 * :claim_size + 255 LIMIT 1) AS bound ON true
+-- nor take as many keys as it may (one-time filters: a claim that did skips
+-- the scan; its watermark is the last row it picked)
+LEFT JOIN LATERAL (SELECT e.available_at, e.id FROM :"schema".events e
+                   WHERE e.available_at <= now() AND :after_watermark
+                     AND (SELECT count(*) FROM due) < :claim_size AND NOT capped.cut
+                   ORDER BY e.available_at, e.id
+                   OFFSET 4 * :claim_size + 255 LIMIT 1) AS bound ON true
 CROSS JOIN LATERAL (SELECT coalesce(bound.available_at, picked.available_at) AS available_at,
                            coalesce(bound.id, picked.id) AS id) AS last;
 
