@@ -469,24 +469,46 @@ class Db:
     def dead_letters(self) -> list:
         return self.query("SELECT * FROM {s}.dead_letters")
 
+    def relay_sessions(self) -> list:
+        """The relays' sessions on this database, with what each ran last:
+        those with the relay's default application_name, ``outboxd``. (Not
+        "whose last statement names the schema": pg_stat_activity keeps a
+        statement's first 1024 bytes, and the claim's comments fill them, so
+        the claim connection would go unseen.) e2e suites run one at a time
+        and every test stops its relays, so these are the running test's."""
+        return self.query(
+            """SELECT pid, state, state_change, query, now() - state_change AS idle_for
+                 FROM pg_stat_activity
+                WHERE backend_type = 'client backend' AND datname = current_database()
+                  AND application_name = 'outboxd' AND pid <> pg_backend_pid()""")
+
     def wait_relay_quiet(self, quiet: float = 0.3, timeout: float = 5.0) -> bool:
-        """Until every backend of the relay(s) on this schema has been idle for
-        ``quiet`` seconds: the relay has finished what it was doing (e.g. the
-        claim that follows a completed delivery) and sleeps until its next
-        wake-up. Recognised by their last statement naming the schema."""
+        """Until every session of the relay(s) has been idle for ``quiet``
+        seconds: the relay has finished what it was doing (e.g. the claim
+        that follows a completed delivery) and sleeps until its next
+        wake-up."""
         def quiet_now():
-            row = self.query(
-                """SELECT count(*) AS total,
-                          count(*) FILTER (WHERE state <> 'idle'
-                                              OR state_change > now() - %s * interval '1 second')
-                              AS busy
-                     FROM pg_stat_activity
-                    WHERE backend_type = 'client backend' AND datname = current_database()
-                      AND pid <> pg_backend_pid() AND application_name <> %s
-                      AND strpos(query, %s) > 0""",
-                (quiet, TEST_APP, self.schema))[0]
-            return row["total"] > 0 and row["busy"] == 0
+            rows = self.relay_sessions()
+            return rows and all(r["state"] == "idle" and r["idle_for"].total_seconds() >= quiet for r in rows)
         return bool(wait_until(quiet_now, timeout, interval=0.05))
+
+    def relay_statements_during(self, seconds: float) -> int:
+        """How many times, sampled every 10 ms for ``seconds``, a session of
+        the relay(s) was seen to have started or finished a statement since
+        the last sample. Counts the relay's own work only, unlike
+        pg_stat_database's counters, which autovacuum moves too. A relay that
+        stays asleep scores 0; one that spins scores about one per sample."""
+        def seen():
+            return {(r["pid"], r["state_change"]) for r in self.relay_sessions()}
+        last = seen()
+        changes = 0
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.01)
+            now = seen()
+            changes += len(now - last)
+            last = now
+        return changes
 
     def wait_empty(self, timeout: float = 5.0) -> bool:
         """Until the hot table holds no rows (everything delivered and acked)."""

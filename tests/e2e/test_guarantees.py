@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from conftest import EXIT_OK, TEST_APP
+from conftest import EXIT_OK
 from helpers import claims_only, wait_until
 from receiver import Receiver
 
@@ -125,15 +125,6 @@ def is_stopped(pid: int) -> bool:
         return bool(tasks)
     except (FileNotFoundError, ProcessLookupError):
         return False
-
-
-def relay_backends(db) -> int:
-    """Sessions on the database, other than the tests' own, whose last
-    statement names the test's schema (i.e. a relay's)."""
-    return db.scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
-        "AND datname = current_database() AND pid <> pg_backend_pid() "
-        "AND application_name <> %s AND strpos(query, %s) > 0", (TEST_APP, db.schema))
 
 
 def delivered_in_log(log: str, event_id: int) -> bool:
@@ -304,7 +295,7 @@ def test_kill_9_mid_batch_loses_nothing_and_duplicates_only_what_was_in_flight(d
         # A statement the relay sent just before it died still runs (and
         # commits) on the server: wait until its backends are gone, then read
         # what the dead relay still holds: claimed, outcome never recorded.
-        assert wait_until(lambda: relay_backends(db) == 0, 15), \
+        assert wait_until(lambda: not db.relay_sessions(), 15), \
             "the killed relay's database sessions did not end"
         held = {r["id"]: r for r in db.query(
             "SELECT id, attempts, lease_owner, extract(epoch FROM available_at)::float8 AS expires "

@@ -10,28 +10,11 @@ from conftest import Db
 from helpers import wait_delivered, wait_until
 
 
-def _relay_backends(db, schema: str) -> list:
-    """The relay's sessions on this database (application_name outboxd), with
-    what each ran last."""
-    return db.query("SELECT pid, state, query, now() - state_change AS idle_for FROM pg_stat_activity "
-                    "WHERE backend_type = 'client backend' AND datname = current_database() "
-                    "AND application_name = 'outboxd' AND pid <> pg_backend_pid()")
-
-
 def _listener_pid(db, channel_sql: str):
     """The backend whose last statement was our LISTEN (pinged connections run
     SELECT 1; this is read right after the relay (re)connected)."""
-    rows = [r for r in _relay_backends(db, db.schema) if r["query"] == f"LISTEN {channel_sql}"]
+    rows = [r for r in db.relay_sessions() if r["query"] == f"LISTEN {channel_sql}"]
     return rows[0]["pid"] if len(rows) == 1 else None
-
-
-def _quiet(db, seconds: float = 0.3) -> bool:
-    """Every relay session idle for ``seconds``: its startup drain and the
-    claims after each delivery are over."""
-    def check():
-        rows = _relay_backends(db, db.schema)
-        return rows and all(r["state"] == "idle" and r["idle_for"].total_seconds() >= seconds for r in rows)
-    return bool(wait_until(check, 10))
 
 
 def _channel_sql(schema: str) -> str:
@@ -45,25 +28,25 @@ def test_losing_only_the_listen_connection_is_noticed_and_notify_wakes_the_relay
     assert wait_delivered(receiver, [first], timeout=10)
     channel = _channel_sql(db.schema)
     old = wait_until(lambda: _listener_pid(db, channel), 10)
-    assert old, f"no LISTEN session found: {_relay_backends(db, db.schema)}"
-    others = {row["pid"] for row in _relay_backends(db, db.schema)} - {old}
+    assert old, f"no LISTEN session found: {db.relay_sessions()}"
+    others = {row["pid"] for row in db.relay_sessions()} - {old}
 
     # Only the listener's backend; the server and the relay's other sessions stay.
     assert db.scalar("SELECT pg_terminate_backend(%s)", (old,))
     gap = db.enqueue("t", {"n": "while the listener is down"})
     assert wait_until(lambda: "listen connection lost" in r.log(), 10), r.log()
     new = wait_until(lambda: (p := _listener_pid(db, channel)) and p != old and p, 15)
-    assert new, f"the relay did not LISTEN again: {_relay_backends(db, db.schema)}\n{r.log()}"
+    assert new, f"the relay did not LISTEN again: {db.relay_sessions()}\n{r.log()}"
     # What was committed while nobody listened comes with the drain after LISTEN.
     assert wait_delivered(receiver, [gap], timeout=10), r.log()
 
     # And a NOTIFY on the new connection wakes the relay.
-    assert _quiet(db), _relay_backends(db, db.schema)
+    assert db.wait_relay_quiet(timeout=10), db.relay_sessions()
     t0 = time.monotonic()
     after = db.enqueue("t", {"n": "after"})
     assert wait_delivered(receiver, [after], timeout=5), f"no wake-up on the new LISTEN connection\n{r.log()}"
     print(f"woken {time.monotonic() - t0:.3f}s after the commit; sessions before {sorted(others)}, "
-          f"after {sorted(row['pid'] for row in _relay_backends(db, db.schema))}")
+          f"after {sorted(row['pid'] for row in db.relay_sessions())}")
     assert r.alive()
     assert db.wait_empty(timeout=5), db.events()
     assert sorted(receiver.delivered_ids()) == sorted([first, gap, after])
@@ -76,11 +59,11 @@ def test_notify_wakes_the_relay_for_a_schema_name_that_needs_quoting(make_schema
     request.addfinalizer(db.close)
     r = relay(receiver, "--sweep-interval", "1h", schema=name)
     assert wait_until(lambda: _listener_pid(db, _channel_sql(name)), 10), \
-        f"no LISTEN {_channel_sql(name)}: {_relay_backends(db, name)}\n{r.log()}"
+        f"no LISTEN {_channel_sql(name)}: {db.relay_sessions()}\n{r.log()}"
     # Past the startup drain: everything the relay does now, a wake-up started.
     probe = db.enqueue("t", {"n": 1})
     assert wait_delivered(receiver, [probe], timeout=10)
-    assert _quiet(db), _relay_backends(db, name)
+    assert db.wait_relay_quiet(timeout=10), db.relay_sessions()
     t0 = time.monotonic()
     woken = db.enqueue("t", {"n": 2})
     assert wait_delivered(receiver, [woken], timeout=5), \

@@ -292,14 +292,6 @@ def lease_owner(r) -> str:
     return found.group(1)
 
 
-def relay_backends(db) -> int:
-    """Sessions other than the tests' own whose last statement names the schema."""
-    return db.scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
-        "AND datname = current_database() AND pid <> pg_backend_pid() "
-        "AND application_name <> %s AND strpos(query, %s) > 0", (TEST_APP, db.schema))
-
-
 def enqueue_backlog(db, n: int, keys: int, topic: str = "drain") -> dict:
     """n events in one transaction, every other one keyed over `keys` keys:
     {id: key or None}."""
@@ -405,7 +397,7 @@ def test_kill_9_and_restart_of_the_only_relay_mid_drain_sends_again_only_what_is
             f"no checkpoint mid-drain: {db.query('SELECT slot, snap_a::text, snap_b::text, done_below FROM {s}.cursors LIMIT 3')}"
         a.kill()
         assert a.returncode == -signal.SIGKILL
-        assert wait_until(lambda: relay_backends(db) == 0, 15), "the killed relay's sessions did not end"
+        assert wait_until(lambda: not db.relay_sessions(), 15), "the killed relay's sessions did not end"
         sent_by_a = set(rx.ids())
         assert len(set(rx.delivered_ids())) < len(ids), "the drain was over at the kill"
         # What the checkpoints do not cover: the events a restart may send again.
