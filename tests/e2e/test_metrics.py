@@ -6,7 +6,6 @@ PostgreSQL outage; the summary line."""
 from __future__ import annotations
 
 import re
-import time
 import urllib.error
 import urllib.request
 
@@ -86,6 +85,7 @@ def test_metrics_count_what_the_receiver_saw(db, relay):
         ok = sum(1 for q in seen if q.status == 200)
         failed = sum(1 for q in seen if q.status == 500)
         assert (ok, failed) == (25, 6), [(q.event_id, q.status) for q in seen]
+        assert sorted(q.event_id for q in seen if q.status == 500) == sorted(failing * 2), seen
 
         def settled():
             s = scrape(port)

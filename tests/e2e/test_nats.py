@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections import defaultdict
 
 import pytest

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 from conftest import clean_env
 from helpers import wait_until

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from conftest import EXIT_OK, REPO, Db, clean_env
-from helpers import claims_only, wait_delivered, wait_until
+from helpers import claims_only, wait_delivered
 
 # The newest migration this tree ships: an upgrade ends there.
 LATEST = max(int(p.name[:4]) for p in (REPO / "sql").glob("[0-9][0-9][0-9][0-9]_*.sql"))

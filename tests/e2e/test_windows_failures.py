@@ -29,7 +29,6 @@ import time
 
 import psycopg2
 import pytest
-from psycopg2 import sql
 
 from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, TEST_APP, Db, PgCluster, clean_env
 from helpers import two_phase_transaction, wait_delivered, wait_until
