@@ -46,6 +46,10 @@ struct event {
     // run's first event, which this one is sent after, once the events
     // between them are delivered.
     std::optional<std::int64_t> run_head;
+    // Set on a run's follower, which the claim did not lease: the `until` of
+    // the key hold it is sent under, as text; its outcome is fenced on that
+    // hold (see `complete` in queries.sql). Empty: the row is leased.
+    std::string hold;
     // Set when the event was read from a commit-ordered window (not leased):
     // the slot whose cursor fences what is written about it.
     std::optional<int> window_slot;

@@ -19,14 +19,17 @@ namespace outboxd {
 // Which claim of an event an outcome belongs to (the fencing token).
 struct lease_ref {
     lease_ref() = default;
-    lease_ref(std::int64_t event_id, std::int32_t attempt_number, std::string row_tid = {})
-        : id(event_id), attempt(attempt_number), tid(std::move(row_tid)) {}
+    lease_ref(std::int64_t event_id, std::int32_t attempt_number, std::string row_tid = {}, std::string key_hold = {})
+        : id(event_id), attempt(attempt_number), tid(std::move(row_tid)), hold(std::move(key_hold)) {}
 
     std::int64_t id = 0;
     std::int32_t attempt = 0;
     // Where the claim left the leased row (its ctid, as text): `complete`
     // finds it there. Empty: not known (the row is then looked up by id).
     std::string tid;
+    // A run's follower carries no lease: the hold it was sent under (see
+    // event::hold). Empty for a leased row.
+    std::string hold;
 };
 
 // One destination's delivery of a fanned-out event, as claimed.

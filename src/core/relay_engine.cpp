@@ -20,6 +20,10 @@ namespace {
 
 std::string str(std::int64_t n) { return fmt::format("{}", n); }
 
+// What an outcome about a claimed event is fenced on: its lease, or for a
+// run's follower the key hold it was sent under.
+lease_ref lease_of(const event& e) { return {e.id, e.attempt, e.tid, e.hold}; }
+
 delivery_result result_of(delivery_outcome::kind k) {
     switch (k) {
         case delivery_outcome::kind::delivered: return delivery_result::delivered;
@@ -472,7 +476,7 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         deliver_owed(std::move(e), std::move(built.headers), unix_now, lease_end);
         return;
     }
-    const lease_ref ref{e->id, e->attempt, e->tid};
+    const lease_ref ref = lease_of(*e);
     const bool keyed = e->ordering_key.has_value();
     if (built.error) {
         bury_unsendable(*e, *built.error);
@@ -677,7 +681,7 @@ void relay_engine::hand_back(const event& e, milliseconds delay) {
     if (e.destination) {
         pending_.deliveries_handed_back.push_back({{e.id, *e.destination, e.attempt}, delay, {}});
     } else {
-        pending_.handed_back.push_back({{e.id, e.attempt, e.tid}, delay, {}});
+        pending_.handed_back.push_back({lease_of(e), delay, {}});
     }
     pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
 }
@@ -880,9 +884,9 @@ void relay_engine::bury_unsendable(const event& e, const std::string& why) {
                {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}, {"error", why}});
     report("", delivery_result::dead, e.attempt, e, {});
     if (e.window_slot) {
-        record_fan_out(e, {lease_ref{e.id, e.attempt, e.tid}, {}, {{"", e.attempt, why, std::nullopt, {}}}});
+        record_fan_out(e, {lease_of(e), {}, {{"", e.attempt, why, std::nullopt, {}}}});
     } else {
-        pending_.dead.push_back({lease_ref{e.id, e.attempt, e.tid}, why, std::nullopt, {}});
+        pending_.dead.push_back({lease_of(e), why, std::nullopt, {}});
         pending_.unblocks_key = pending_.unblocks_key || e.ordering_key.has_value();
         (void)next_in_run(e, false);
     }
@@ -913,7 +917,7 @@ void relay_engine::unroutable(const event& e) {
                                           clock_.wall());
     log::warn("no route for event; it stays in the outbox",
               {{"event_id", str(e.id)}, {"topic", e.topic}, {"attempt", str(e.attempt)}});
-    const lease_ref ref{e.id, e.attempt, e.tid};
+    const lease_ref ref = lease_of(e);
     report("", result_of(outcome.what), e.attempt, e, {});
     if (outcome.what == delivery_outcome::kind::dead) {
         pending_.dead.push_back({ref, outcome.error, std::nullopt, {}});

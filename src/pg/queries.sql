@@ -154,7 +154,7 @@ WITH first_of_keys AS MATERIALIZED (
           -- hold, with the dead versions outcomes leave behind
           WHERE (SELECT 1 FROM :"schema".key_holds h
                  WHERE h.ordering_key = k.ordering_key AND h.destination = ''
-                   AND h.until > now() AND h.event_id <> k.id
+                   AND h.until > now() AND (h.event_id <> k.id OR h.lease_owner IS NOT NULL)
                  LIMIT 1) IS NULL
           ORDER BY k.id
           OFFSET 0) AS f
@@ -245,10 +245,10 @@ runs AS (
 -- relay sends a run in order and gives back the unsent rest when one of it
 -- is not delivered, so that lease ends last either way.
 held AS (
-    INSERT INTO :"schema".key_holds AS h (ordering_key, destination, event_id, until)
+    INSERT INTO :"schema".key_holds AS h (ordering_key, destination, event_id, until, lease_owner)
     SELECT DISTINCT ON (d.ordering_key) d.ordering_key, '',
            coalesce(run.last, d.id),
-           now() + $2 * interval '1 millisecond'
+           now() + $2 * interval '1 millisecond', $1
     FROM due d
     -- joined, not looked up per row: a scan of `runs` for each picked event
     -- cost O(picked x run events), milliseconds in a claim of 256
@@ -256,9 +256,9 @@ held AS (
     WHERE d.ordering_key IS NOT NULL
     ORDER BY d.ordering_key, d.id
     ON CONFLICT (ordering_key, destination) DO UPDATE
-        SET event_id = excluded.event_id, until = excluded.until
-        WHERE h.until <= now() OR h.event_id = excluded.event_id
-    RETURNING h.ordering_key
+        SET event_id = excluded.event_id, until = excluded.until, lease_owner = excluded.lease_owner
+        WHERE h.until <= now() OR (h.event_id = excluded.event_id AND h.lease_owner IS NULL)
+    RETURNING h.ordering_key, h.until
 ),
 claimed AS (
     UPDATE :"schema".events e
@@ -275,10 +275,31 @@ claimed AS (
     -- this statement's snapshot does not see: it is left unleased (picked,
     -- not claimed) and due, for the next claim.
     WHERE e.ctid = ANY (ARRAY(SELECT tid FROM due WHERE ordering_key IS NULL
-                              UNION ALL SELECT due.tid FROM due JOIN held ON held.ordering_key = due.ordering_key
-                              UNION ALL SELECT runs.tid FROM runs JOIN held ON held.ordering_key = runs.ordering_key))
+                              UNION ALL SELECT due.tid FROM due JOIN held ON held.ordering_key = due.ordering_key))
     RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
-              array_to_string(e.destinations, ',') AS destinations, e.created_at, e.ctid::text AS tid
+              array_to_string(e.destinations, ',') AS destinations, e.created_at, e.ctid::text AS tid,
+              NULL::text AS hold
+),
+-- A run's followers are not leased: the key's hold keeps every other claim
+-- off them (a follower is never its key's first event while its head is
+-- out, and a hold that names a row blocks it too, see first_of_keys), and
+-- run_locked made sure they are still there. Writing a lease on each cost a
+-- new row version and an entry in every index: 30% of a 100-key drain
+-- (bench/results/keyed-experiments-2026-12-02.md, section 6). Read, with
+-- the attempt their outcome will record, and the hold they are sent under
+-- (its `until`, unique to this claim's hold of the key): their outcomes
+-- are fenced on it (sql/0012). Only behind a head this claim leased.
+run_held AS (
+    SELECT runs.tid, held.until::text AS hold
+    FROM runs JOIN held ON held.ordering_key = runs.ordering_key
+    WHERE runs.head IN (SELECT id FROM claimed)
+),
+followers AS (
+    SELECT e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers,
+           e.attempts + 1 AS attempts, array_to_string(e.destinations, ',') AS destinations, e.created_at,
+           e.ctid::text AS tid, f.hold
+    FROM :"schema".events e JOIN run_held f ON f.tid = e.ctid
+    WHERE e.ctid = ANY (ARRAY(SELECT tid FROM run_held))
 )
 SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        c.ordering_key IS NOT NULL AND EXISTS (
@@ -291,8 +312,10 @@ SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        -- where the leased row version is: its outcome finds it there (complete)
        c.tid,
        -- a run's follower: the event it is sent after (the run's first)
-       r.head AS run_head
-FROM claimed c
+       r.head AS run_head,
+       -- a run's follower: the hold it is sent under (not leased)
+       c.hold
+FROM (SELECT * FROM claimed UNION ALL SELECT * FROM followers) AS c
 LEFT JOIN runs r ON r.id = c.id
 UNION ALL
 -- One more row (id NULL), which fills the columns from next_due_ms on:
@@ -331,7 +354,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- that examined its bound, or took as many keys as it may, counts
        -- as full
        CASE WHEN bound.id IS NULL AND NOT capped.cut THEN (SELECT count(*) FROM due) ELSE :claim_size END,
-       NULL, NULL, NULL
+       NULL, NULL, NULL, NULL
 FROM (SELECT 1) AS one
 CROSS JOIN (SELECT count(*) >= greatest(:claim_size / 4, least(:claim_size, 16)) AS cut
             FROM due WHERE ordering_key IS NOT NULL) AS capped
@@ -441,12 +464,19 @@ CROSS JOIN LATERAL (
     LIMIT 1) e;
 
 -- name: complete
--- params: ids, attempts, owner, tids
+-- params: ids, attempts, owner, tids, holds
 -- Delivered: the events leave the hot table. Fenced: only rows that still
 -- carry our lease and the attempt number we claimed them with. Their keys'
 -- holds go with them (see the claim); every statement below that ends a
--- lease does the same. ids, attempts and tids are parallel arrays; tids are
--- where the claim left each leased row.
+-- lease does the same. ids, attempts, tids and holds are parallel arrays;
+-- tids are where the claim left each row.
+-- A run's follower carries no lease (holds: the `until` of the hold it was
+-- sent under, NULL for a leased row): fenced instead on carrying no lease,
+-- an attempt one less than claimed (not counted until its outcome), and no
+-- live hold of its key but the one it was sent under. Another claim of the
+-- key (ours again included, after our hold ran out) holds it under another
+-- hold, or leased the row; a key nobody holds any more has nobody sending
+-- the row either. Every statement below that ends a lease fences so.
 -- Found by ctid (a TID scan, the one plan there is), not by id: planned
 -- while the statistics said a drained outbox was empty (0 rows on N pages),
 -- a lookup by id used the claim index (available_at, id), one scan of the
@@ -456,11 +486,24 @@ CROSS JOIN LATERAL (
 -- VACUUM FULL, CLUSTER) is not found and counts as fenced out, and its
 -- lease runs out. The id and attempt are still checked: array_position is
 -- a loop in C over the batch, cheap at the sizes the relay writes.
-WITH gone AS (
+WITH leased AS (
     DELETE FROM :"schema".events e
     WHERE e.ctid = ANY ($4::tid[]) AND e.lease_owner = $3
       AND e.attempts = ($2::integer[])[array_position($1::bigint[], e.id)]
+      AND ($5::text[])[array_position($1::bigint[], e.id)] IS NULL
     RETURNING e.id, e.ordering_key
+), followers AS (
+    DELETE FROM :"schema".events e
+    WHERE e.ctid = ANY ($4::tid[]) AND e.lease_owner IS NULL
+      AND e.attempts = ($2::integer[])[array_position($1::bigint[], e.id)] - 1
+      AND ($5::text[])[array_position($1::bigint[], e.id)] IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM :"schema".key_holds h
+                      WHERE h.ordering_key = e.ordering_key AND h.destination = '' AND h.until > now()
+                        AND (h.until, h.lease_owner) IS DISTINCT FROM
+                            (($5::text[])[array_position($1::bigint[], e.id)]::timestamptz, $3))
+    RETURNING e.id, e.ordering_key
+), gone AS (
+    SELECT * FROM leased UNION ALL SELECT * FROM followers
 ), unheld AS (
     DELETE FROM :"schema".key_holds h
     USING gone
@@ -476,7 +519,7 @@ SELECT id FROM gone;
 SELECT ctid::text AS tid FROM :"schema".events WHERE id = $1;
 
 -- name: reschedule
--- params: id, attempt, owner, delay_ms, error, tid
+-- params: id, attempt, owner, delay_ms, error, tid, hold
 -- Failed, to be retried after delay_ms. Fenced like `complete`, and found
 -- like it by the ctid the claim returned (tid; NULL: not found, fenced out):
 -- `id + 0`, so that no index offers another way to the row than the TID scan.
@@ -487,8 +530,15 @@ WITH retried AS (
     UPDATE :"schema".events
     SET available_at = now() + $4 * interval '1 millisecond',
         last_error = $5,
-        lease_owner = NULL
-    WHERE ctid = $6::tid AND id + 0 = $1 AND attempts = $2 AND lease_owner = $3
+        lease_owner = NULL,
+        attempts = $2
+    WHERE ctid = $6::tid AND id + 0 = $1
+      AND CASE WHEN $7::text IS NULL THEN lease_owner = $3 AND attempts = $2
+              ELSE lease_owner IS NULL AND attempts = $2 - 1
+                   AND NOT EXISTS (SELECT 1 FROM :"schema".key_holds h
+                              WHERE h.ordering_key = events.ordering_key AND h.destination = '' AND h.until > now()
+                                AND (h.until, h.lease_owner) IS DISTINCT FROM ($7::text::timestamptz, $3))
+         END
     RETURNING id, ordering_key
 ), unheld AS (
     DELETE FROM :"schema".key_holds h
@@ -498,7 +548,7 @@ WITH retried AS (
 SELECT id FROM retried;
 
 -- name: bury
--- params: id, attempt, owner, error, status, response_excerpt, tid
+-- params: id, attempt, owner, error, status, response_excerpt, tid, hold
 -- Failed for good: moved to dead letters in one statement. Fenced and found
 -- like `reschedule`.
 -- An id can die twice (its event re-inserted under the same id, an outbox
@@ -508,8 +558,14 @@ SELECT id FROM retried;
 -- retention. Failing instead would fail the relay's whole outcome batch.
 WITH gone AS (
     DELETE FROM :"schema".events
-    WHERE ctid = $7::tid AND id + 0 = $1 AND attempts = $2 AND lease_owner = $3
-    RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts
+    WHERE ctid = $7::tid AND id + 0 = $1
+      AND CASE WHEN $8::text IS NULL THEN lease_owner = $3 AND attempts = $2
+              ELSE lease_owner IS NULL AND attempts = $2 - 1
+                   AND NOT EXISTS (SELECT 1 FROM :"schema".key_holds h
+                              WHERE h.ordering_key = events.ordering_key AND h.destination = '' AND h.until > now()
+                                AND (h.until, h.lease_owner) IS DISTINCT FROM ($8::text::timestamptz, $3))
+         END
+    RETURNING id, topic, ordering_key, payload, headers, idempotency_key, created_at
 ), unheld AS (
     DELETE FROM :"schema".key_holds h
     USING gone
@@ -518,7 +574,7 @@ WITH gone AS (
 INSERT INTO :"schema".dead_letters
     (id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
      last_error, last_status, response_excerpt)
-SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, attempts,
+SELECT id, topic, ordering_key, payload, headers, idempotency_key, created_at, $2,
        $4, $5, $6
 FROM gone
 ON CONFLICT (id, destination) DO UPDATE
@@ -532,6 +588,8 @@ RETURNING id;
 -- params: owner
 -- Graceful shutdown: hand back what we hold but could not finish, due now,
 -- so another relay (or our successor) picks it up without waiting for the lease.
+-- Our key holds go too, by owner: those of runs whose rest was never sent
+-- name followers, which carry no lease (sql/0012).
 WITH events_released AS (
     UPDATE :"schema".events
     SET available_at = now(), lease_owner = NULL
@@ -548,6 +606,7 @@ WITH events_released AS (
         SELECT ordering_key, '', id FROM events_released WHERE ordering_key IS NOT NULL
         UNION ALL
         SELECT ordering_key, destination, event_id FROM deliveries_released WHERE ordering_key IS NOT NULL)
+       OR (h.lease_owner = $1 AND h.destination = '')
 )
 SELECT id FROM events_released
 UNION ALL
@@ -561,7 +620,8 @@ SELECT event_id FROM deliveries_released;
 -- by that claim, for events nobody will send. Handed back due now, the
 -- claim's attempt taken back: no request was made. Without this they wait
 -- out the lease, as no takeover frees the leases of a relay that lives.
--- Only leases still running (see take_over_leases).
+-- Only leases still running (see take_over_leases). Likewise our key holds
+-- whose run the relay does not hold (a hold names its run's last event).
 WITH events_released AS (
     UPDATE :"schema".events
     SET available_at = now(), lease_owner = NULL, attempts = attempts - 1
@@ -580,13 +640,14 @@ WITH events_released AS (
         SELECT ordering_key, '', id FROM events_released WHERE ordering_key IS NOT NULL
         UNION ALL
         SELECT ordering_key, destination, event_id FROM deliveries_released WHERE ordering_key IS NOT NULL)
+       OR (h.lease_owner = $1 AND h.destination = '' AND h.until > now() AND h.event_id <> ALL ($2::bigint[]))
 )
 SELECT id FROM events_released
 UNION ALL
 SELECT event_id FROM deliveries_released;
 
 -- name: fan_out
--- params: id, attempt, owner, tid
+-- params: id, attempt, owner, tid, hold
 -- Some destination failed (or the event's key has deliveries waiting): park
 -- the event and let each destination it still owes carry its own state from
 -- here. Fenced and found like `reschedule`; the rows to write follow in
@@ -595,8 +656,14 @@ SELECT event_id FROM deliveries_released;
 -- both indexes find it at once, whatever the statistics say.
 WITH parked AS (
     UPDATE :"schema".events
-    SET fanned_out = true, available_at = 'infinity', lease_owner = NULL
-    WHERE ctid = $4::tid AND id + 0 = $1 AND attempts = $2 AND lease_owner = $3
+    SET fanned_out = true, available_at = 'infinity', lease_owner = NULL, attempts = $2
+    WHERE ctid = $4::tid AND id + 0 = $1
+      AND CASE WHEN $5::text IS NULL THEN lease_owner = $3 AND attempts = $2
+              ELSE lease_owner IS NULL AND attempts = $2 - 1
+                   AND NOT EXISTS (SELECT 1 FROM :"schema".key_holds h
+                              WHERE h.ordering_key = events.ordering_key AND h.destination = '' AND h.until > now()
+                                AND (h.until, h.lease_owner) IS DISTINCT FROM ($5::text::timestamptz, $3))
+         END
     RETURNING id, ordering_key
 ), unheld AS (
     DELETE FROM :"schema".key_holds h
@@ -1254,7 +1321,7 @@ WHERE (event_id, destination) = (
     LIMIT 1);
 
 -- name: hand_back
--- params: id, attempt, owner, delay_ms, tid
+-- params: id, attempt, owner, delay_ms, tid, hold
 -- Claimed but never sent (it waited too long for a delivery slot, or the
 -- relay is shutting down before sending it): back to the outbox, due after
 -- delay_ms, and the claim's attempt is taken back, so that attempts count
@@ -1264,8 +1331,14 @@ WITH returned AS (
     UPDATE :"schema".events
     SET available_at = now() + $4 * interval '1 millisecond',
         lease_owner = NULL,
-        attempts = attempts - 1
-    WHERE ctid = $5::tid AND id + 0 = $1 AND attempts = $2 AND lease_owner = $3
+        attempts = $2 - 1
+    WHERE ctid = $5::tid AND id + 0 = $1
+      AND CASE WHEN $6::text IS NULL THEN lease_owner = $3 AND attempts = $2
+              ELSE lease_owner IS NULL AND attempts = $2 - 1
+                   AND NOT EXISTS (SELECT 1 FROM :"schema".key_holds h
+                              WHERE h.ordering_key = events.ordering_key AND h.destination = '' AND h.until > now()
+                                AND (h.until, h.lease_owner) IS DISTINCT FROM ($6::text::timestamptz, $3))
+         END
     RETURNING id, ordering_key
 ), unheld AS (
     DELETE FROM :"schema".key_holds h
@@ -1347,6 +1420,8 @@ WHERE pg_try_advisory_xact_lock(lock_key);
 -- (available_at in the future; an expired one is claimable already): that
 -- range of the available_at indexes holds leases, retries and delayed
 -- events, never the due backlog. owners: the dead relays' lease owners.
+-- Their key holds go by owner: a run's followers carry no lease of their
+-- own (sql/0012), and are free again, untouched, once the hold is gone.
 WITH forgotten AS (
     DELETE FROM :"schema".relays WHERE lease_owner = ANY ($1::text[])
 ), events_released AS (
@@ -1365,10 +1440,17 @@ WITH forgotten AS (
         SELECT ordering_key, '', id FROM events_released WHERE ordering_key IS NOT NULL
         UNION ALL
         SELECT ordering_key, destination, event_id FROM deliveries_released WHERE ordering_key IS NOT NULL)
+       OR (h.lease_owner = ANY ($1::text[]) AND h.destination = '')
+    RETURNING h.event_id
 )
+-- One row per lease or hold handed back (a hold that came with a lease
+-- counts once: the same id): a freed hold alone, a run's unsent rest, wakes
+-- the relay's claims as a lease does.
 SELECT id FROM events_released
-UNION ALL
-SELECT event_id FROM deliveries_released;
+UNION
+SELECT event_id FROM deliveries_released
+UNION
+SELECT event_id FROM unheld;
 
 -- name: relay_stats
 -- params: cap

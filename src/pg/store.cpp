@@ -146,6 +146,9 @@ std::optional<std::string> tid_of(pqxx::transaction_base& tx, const Queries& que
     return std::string(r[0][q::event_tid::col::tid].c_str());
 }
 
+// The key hold a run's follower was sent under; NULL for a leased row.
+const char* hold_of(const lease_ref& e) { return e.hold.empty() ? nullptr : e.hold.c_str(); }
+
 }  // namespace
 
 std::vector<std::int64_t> store::complete(std::span<const lease_ref> delivered) {
@@ -156,7 +159,10 @@ std::vector<std::int64_t> store::complete(std::span<const lease_ref> delivered) 
             .ids = number_array(delivered, [](const lease_ref& d) { return d.id; }),
             .attempts = number_array(delivered, [](const lease_ref& d) { return d.attempt; }),
             .owner = owner_,
-            .tids = text_array(delivered, [&](const lease_ref& d) { return tid_of(tx, queries_, d); })};
+            .tids = text_array(delivered, [&](const lease_ref& d) { return tid_of(tx, queries_, d); }),
+            .holds = text_array(delivered, [](const lease_ref& d) {
+                return d.hold.empty() ? std::nullopt : std::optional(d.hold);
+            })};
         // plan_once sessions have these for good; a transaction pooler
         // might hand them to another client (and plans custom anyway).
         const bool scoped = !plan_once_ && !transaction_pooling_;
@@ -193,7 +199,8 @@ bool store::reschedule(lease_ref e, std::chrono::milliseconds delay, std::string
                                            .owner = owner_,
                                            .delay_ms = static_cast<long long>(delay.count()),
                                            .error = sanitize_text(error, max_error_bytes),
-                                           .tid = nullable(tid)})
+                                           .tid = nullable(tid),
+                                           .hold = hold_of(e)})
                    .size() == 1;
     });
 }
@@ -209,7 +216,8 @@ bool store::bury(lease_ref e, std::string_view error, std::optional<int> status,
                                      .error = sanitize_text(error, max_error_bytes),
                                      .status = nullable(status_param),
                                      .response_excerpt = sanitize_text(response_excerpt, max_error_bytes),
-                                     .tid = nullable(tid)})
+                                     .tid = nullable(tid),
+                                     .hold = hold_of(e)})
                    .size() == 1;
     });
 }
@@ -218,7 +226,11 @@ bool store::fan_out(lease_ref e, std::span<const owed_delivery> owed, std::span<
     return session_.run([&](pqxx::connection& c) {
         pqxx::work tx(c);
         const auto tid = tid_of(tx, queries_, e);
-        if (run(tx, q::fan_out::args{.id = e.id, .attempt = e.attempt, .owner = owner_, .tid = nullable(tid)}).empty()) {
+        if (run(tx, q::fan_out::args{.id = e.id,
+                                     .attempt = e.attempt,
+                                     .owner = owner_,
+                                     .tid = nullable(tid),
+                                     .hold = hold_of(e)}).empty()) {
             return false;  // fenced out
         }
         if (!owed.empty()) {
@@ -423,7 +435,8 @@ bool store::hand_back(lease_ref e, std::chrono::milliseconds delay) {
                                           .attempt = e.attempt,
                                           .owner = owner_,
                                           .delay_ms = static_cast<long long>(delay.count()),
-                                          .tid = nullable(tid)})
+                                          .tid = nullable(tid),
+                                          .hold = hold_of(e)})
                    .size() == 1;
     });
 }

@@ -63,6 +63,7 @@ claim_result read_claim(const rows_of<Q>& rows) {
         e.key_pending = row[col::key_pending].template as<bool>();
         e.tid = row[col::tid].c_str();
         if (const auto head = row[col::run_head]; !head.is_null()) e.run_head = head.template as<std::int64_t>();
+        if (const auto hold = row[col::hold]; !hold.is_null()) e.hold = hold.c_str();
         if (const auto only = row[col::destinations]; !only.is_null()) e.only_to = destination_names(only.c_str());
         out.events.push_back(std::move(e));
     }

@@ -128,11 +128,12 @@ def test_two_relays_share_one_outbox_without_duplicates(db, relay):
 
 @claims_only("runs are a claim's; windows sequence a key in memory (test_windows_failures.py)")
 def test_a_relay_killed_in_the_middle_of_a_run_hands_its_key_over_in_order_within_seconds(db, relay):
-    """A claim leases a key's consecutive events as a run (sent one after the
-    other, under one key hold that names the run's last event). Relay A is
-    killed while its run is half sent, with one request open: its peer B
-    takes the leases over (the hold with them) and goes on with the key in
-    order at once, not when A's 30 s lease runs out."""
+    """A claim takes a key's consecutive events as a run (sent one after the
+    other, under one key hold that names the run's last event and its relay;
+    only the run's first event is leased). Relay A is killed while its run
+    is half sent, with one request open: its peer B takes A's leases and
+    holds over and goes on with the key in order at once, not when A's 30 s
+    lease runs out."""
     cond = threading.Condition()
     gate = {"open": False, "blocked": None}
     sent: list = []
@@ -160,10 +161,10 @@ def test_a_relay_killed_in_the_middle_of_a_run_hands_its_key_over_in_order_withi
         with cond:
             assert cond.wait_for(lambda: gate["blocked"] is not None, timeout=15), sent
         # A sent the key's first five events, one after the other, and waits
-        # on the sixth; the rest of its run is leased and unsent.
+        # on the sixth; the rest of its run is held and unsent.
         assert sent == ids[:6], sent
-        leased = db.query("SELECT count(*) AS n FROM {s}.events WHERE lease_owner IS NOT NULL")[0]["n"]
-        assert leased > 1, "the claim leased no run behind the key's first event"
+        held = db.scalar("SELECT event_id FROM {s}.key_holds WHERE ordering_key = 'k' AND lease_owner IS NOT NULL")
+        assert held is not None and held > ids[5], f"the claim took no run behind the key's first event: {held}"
         b = relay(rx, *flags)
         time.sleep(0.5)
         a.kill()

@@ -6,6 +6,7 @@
 // leased at once.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 
@@ -305,4 +306,125 @@ TEST_CASE("the sweep forgets key holds that expired long ago, and only those") {
                    "('live', '', 3, now() + interval '30 seconds') RETURNING 1) SELECT count(*) FROM h");
     CHECK(s.forget_expired_key_holds() == 1);
     CHECK(db.query("SELECT string_agg(ordering_key, ',' ORDER BY ordering_key) FROM {s}.key_holds") == "live,recent");
+}
+
+namespace {
+
+// The claim's events by id, and the fence an outcome about each carries.
+pg::lease_ref ref_of(const event& e) { return {e.id, e.attempt, e.tid, e.hold}; }
+
+const event& by_id(const std::vector<event>& got, std::int64_t id) {
+    const auto it = std::find_if(got.begin(), got.end(), [&](const event& e) { return e.id == id; });
+    REQUIRE(it != got.end());
+    return *it;
+}
+
+// A claim of everything due, retried until it returns something (a hold or
+// a lease running out takes a few milliseconds).
+std::vector<event> claim_soon(pg::store& s) {
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (std::chrono::steady_clock::now() < deadline) {
+        auto got = s.claim(10, 30s).events;
+        if (!got.empty()) return got;
+    }
+    FAIL("nothing became claimable");
+    return {};
+}
+
+}  // namespace
+
+TEST_CASE("a run's followers carry no lease: only its first event is written, the rest go under the key's hold") {
+    installed db{"keyorder"};
+    auto a = db.store("relay-a");
+    const auto h = db.enqueue(ev("k"));
+    const auto f1 = db.enqueue(ev("k"));
+    const auto f2 = db.enqueue(ev("k"));
+    const auto got = a.claim(10, 30s).events;
+    REQUIRE(got.size() == 3);
+    CHECK(by_id(got, h).hold.empty());
+    CHECK(by_id(got, f1).run_head == h);
+    CHECK_FALSE(by_id(got, f1).hold.empty());
+    CHECK(by_id(got, f2).hold == by_id(got, f1).hold);
+    for (const auto& e : got) CHECK(e.attempt == 1);
+    CHECK(db.query("SELECT string_agg(id::text, ',' ORDER BY id) FROM {s}.events WHERE lease_owner IS NOT NULL") ==
+          std::to_string(h));
+    CHECK(db.query("SELECT sum(attempts) FROM {s}.events") == "1");
+    CHECK(db.query("SELECT event_id || ' ' || lease_owner FROM {s}.key_holds") == fmt::format("{} relay-a", f2));
+    // Nothing of k for anyone else meanwhile, the followers being due.
+    auto b = db.store("relay-b");
+    CHECK(b.claim(10, 30s).events.empty());
+    // The head's outcome leaves the key held; a follower's retry counts its
+    // attempt; the unsent rest handed back frees the key, attempt not counted.
+    CHECK(a.complete(std::vector{ref_of(by_id(got, h))}).size() == 1);
+    CHECK(b.claim(10, 30s).events.empty());
+    CHECK(a.reschedule(ref_of(by_id(got, f1)), 1ms, "HTTP 500"));
+    CHECK(a.hand_back(ref_of(by_id(got, f2)), 0ms));
+    CHECK(db.query("SELECT count(*) FROM {s}.key_holds") == "0");
+    CHECK(db.query("SELECT string_agg(id || ':' || attempts, ',' ORDER BY id) FROM {s}.events") ==
+          fmt::format("{}:1,{}:0", f1, f2));
+    const auto again = claim_soon(b);
+    REQUIRE(again.size() == 2);
+    CHECK(by_id(again, f1).attempt == 2);
+    CHECK(by_id(again, f2).attempt == 1);
+    CHECK(by_id(again, f2).run_head == f1);
+}
+
+TEST_CASE("a run follower's late outcome is refused once its key is held under another hold, ours included") {
+    installed db{"keyorder"};
+    auto a = db.store("relay-a");
+    auto b = db.store("relay-b");
+    const auto h = db.enqueue(ev("k"));
+    const auto f1 = db.enqueue(ev("k"));
+    const auto f2 = db.enqueue(ev("k"));
+    const auto first = a.claim(10, 50ms).events;  // a hold that runs out at once
+    REQUIRE(first.size() == 3);
+    CHECK(a.complete(std::vector{ref_of(by_id(first, h))}).size() == 1);
+
+    SUBCASE("another relay") {
+        const auto taken = claim_soon(b);  // once a's hold ran out
+        REQUIRE(taken.size() == 2);
+        CHECK(by_id(taken, f1).hold.empty());  // now b's run's first: leased
+        // a's late outcomes: f1 is b's lease now, f2 under b's hold.
+        CHECK_FALSE(a.reschedule(ref_of(by_id(first, f1)), 1ms, "late"));
+        CHECK(a.complete(std::vector{ref_of(by_id(first, f2))}).empty());
+        CHECK_FALSE(a.bury(ref_of(by_id(first, f2)), "late", 500, ""));
+        CHECK_FALSE(a.hand_back(ref_of(by_id(first, f2)), 0ms));
+        CHECK(db.query("SELECT count(*) FROM {s}.events WHERE attempts = 0 AND id = " + std::to_string(f2)) == "1");
+        CHECK(b.complete(std::vector{ref_of(by_id(taken, f1)), ref_of(by_id(taken, f2))}).size() == 2);
+    }
+    SUBCASE("the same relay, claiming the key again") {
+        const auto taken = claim_soon(a);
+        REQUIRE(taken.size() == 2);
+        CHECK(by_id(taken, f2).hold != by_id(first, f2).hold);
+        CHECK_FALSE(a.reschedule(ref_of(by_id(first, f2)), 1ms, "late"));
+        CHECK(a.complete(std::vector{ref_of(by_id(first, f2))}).empty());
+        CHECK(a.complete(std::vector{ref_of(by_id(taken, f1)), ref_of(by_id(taken, f2))}).size() == 2);
+    }
+    CHECK(db.query("SELECT count(*) FROM {s}.events") == "0");
+    CHECK(db.query("SELECT count(*) FROM {s}.key_holds") == "0");
+}
+
+TEST_CASE("a relay's shutdown, or its death, frees its runs' keys at once, the followers untouched") {
+    installed db{"keyorder"};
+    auto a = db.store("relay-a");
+    auto peer = db.store("relay-peer");
+    a.bind_leases_to_session();
+    peer.bind_leases_to_session();
+    for (int i = 0; i < 3; ++i) (void)db.enqueue(ev("k"));
+    REQUIRE(a.claim(10, 60s).events.size() == 3);
+    CHECK(peer.claim(10, 60s).events.empty());
+
+    SUBCASE("shutdown") { CHECK(a.release() == 1); }
+    SUBCASE("death") {
+        a.disconnect();
+        const auto until = std::chrono::steady_clock::now() + 5s;
+        pg::store::takeover t;
+        while (t.relays.empty() && std::chrono::steady_clock::now() < until) t = peer.take_over_dead_relays();
+        REQUIRE(t.relays == std::vector<std::string>{"relay-a"});
+        CHECK(t.leases == 2);  // the run's first event's lease, and the hold over the rest
+    }
+    CHECK(db.query("SELECT count(*) FROM {s}.key_holds") == "0");
+    const auto again = peer.claim(10, 60s).events;
+    REQUIRE(again.size() == 3);
+    CHECK(db.query("SELECT count(*) FROM {s}.key_holds WHERE lease_owner = 'relay-peer'") == "1");
 }
