@@ -1132,7 +1132,9 @@ WHERE died_at < now() - $1 * interval '1 millisecond'
 -- destination its topic routes to), or one destination's delivery of a
 -- fanned-out event (the parked event row itself is not counted). States,
 -- first match wins:
---   in_flight       leased by a relay (lease not expired)
+--   in_flight       leased by a relay (lease not expired), or sent in a
+--                   run under its key's live hold (a run's followers carry
+--                   no lease: up to the event the hold names, sql/0012)
 --   retrying        attempted before, waiting for its next attempt
 --   scheduled       never attempted, not due yet (a delayed event)
 --   waiting_on_key  never attempted, due, but an earlier event of its
@@ -1156,6 +1158,10 @@ WITH key_head AS (
     GROUP BY ordering_key
 ), keys_with_deliveries AS (
     SELECT DISTINCT ordering_key FROM :"schema".deliveries WHERE ordering_key IS NOT NULL
+), run_held AS (
+    SELECT ordering_key, event_id AS last
+    FROM :"schema".key_holds
+    WHERE destination = '' AND lease_owner IS NOT NULL AND until > now()
 ), delivery_head AS (
     SELECT ordering_key, destination, min(event_id) AS head
     FROM :"schema".deliveries
@@ -1163,12 +1169,14 @@ WITH key_head AS (
     GROUP BY ordering_key, destination
 ), work AS (
     SELECT e.topic, NULL::text AS destination, e.id, e.attempts, e.available_at,
-           e.lease_owner IS NOT NULL AND e.available_at > now() AS in_flight,
+           (e.lease_owner IS NOT NULL AND e.available_at > now())
+               OR (e.lease_owner IS NULL AND e.available_at <= now() AND e.id <= rh.last) AS in_flight,
            e.ordering_key IS NOT NULL AND (e.id > kh.head OR kd.ordering_key IS NOT NULL) AS behind_key,
            e.last_error IS NOT NULL AS has_error
     FROM :"schema".events e
     LEFT JOIN key_head kh ON kh.ordering_key = e.ordering_key
     LEFT JOIN keys_with_deliveries kd ON kd.ordering_key = e.ordering_key
+    LEFT JOIN run_held rh ON rh.ordering_key = e.ordering_key
     LEFT JOIN :"schema".cursors wc
            ON e.txid IS NOT NULL AND wc.destination = '' AND wc.slot = :"schema".event_slot(e.ordering_key, e.id)
     WHERE NOT e.fanned_out

@@ -50,6 +50,15 @@ def test_each_status_count_means_one_state(outboxd, db):
     _delivery(db, e2, "d", key="K")
     _event(db, "keyed", key="K")
 
+    # Key R sent as a run: its first event leased, the next two under the
+    # key's hold alone (no lease of their own), the fourth behind the run.
+    _event(db, "run", key="R", attempts=1, lease_owner="relay-x", due="now() + interval '30 seconds'")
+    _event(db, "run", key="R")
+    last = _event(db, "run", key="R")
+    _event(db, "run", key="R")
+    db.query("INSERT INTO {s}.key_holds (ordering_key, destination, event_id, until, lease_owner) "
+             "VALUES ('R', '', %s, now() + interval '30 seconds', 'relay-x') RETURNING 1", (last,))
+
     # A retry being delivered right now.
     e4 = _event(db, "retry.fly", attempts=1, fanned_out=True, due="'infinity'")
     _delivery(db, e4, "d", attempts=3, lease_owner="relay-x", due="now() + interval '20 seconds'",
@@ -66,6 +75,7 @@ def test_each_status_count_means_one_state(outboxd, db):
         "fly": {"pending": 0, "waiting_on_key": 0, "scheduled": 0, "in_flight": 1, "retrying": 0, "dead": 0},
         "keyed": {"pending": 0, "waiting_on_key": 2, "scheduled": 0, "in_flight": 0, "retrying": 1, "dead": 0},
         "retry.fly": {"pending": 0, "waiting_on_key": 0, "scheduled": 0, "in_flight": 1, "retrying": 0, "dead": 0},
+        "run": {"pending": 0, "waiting_on_key": 1, "scheduled": 0, "in_flight": 3, "retrying": 0, "dead": 0},
     }, counts
     # Due two minutes ago (created ten minutes ago: its delay does not count).
     assert 115 <= s["a"]["oldest_pending_seconds"] < 180, s["a"]
