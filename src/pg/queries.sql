@@ -288,11 +288,12 @@ claimed AS (
 -- (bench/results/keyed-experiments-2026-12-02.md, section 6). Read, with
 -- the attempt their outcome will record, and the hold they are sent under
 -- (its `until`, unique to this claim's hold of the key): their outcomes
--- are fenced on it (sql/0012). Only behind a head this claim leased.
+-- are fenced on it (sql/0012). Behind a head this claim did not lease
+-- after all (its row had moved), the relay hands them back at once, which
+-- frees the key (core/relay_engine: a run without its first event).
 run_held AS (
     SELECT runs.tid, held.until::text AS hold
     FROM runs JOIN held ON held.ordering_key = runs.ordering_key
-    WHERE runs.head IN (SELECT id FROM claimed)
 ),
 followers AS (
     SELECT e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers,

@@ -1474,6 +1474,7 @@ namespace {
 event follower(std::int64_t id, std::int64_t head, std::string key = "k") {
     auto e = make_event(id, std::move(key));
     e.run_head = head;
+    e.hold = fmt::format("hold of {}", head);  // not leased: fenced on its run's hold
     return e;
 }
 
@@ -1502,6 +1503,8 @@ TEST_CASE("relay engine: a run goes out one event at a time in id order; its out
     std::vector<std::int64_t> delivered;
     for (const auto& r : write.batch->delivered) delivered.push_back(r.id);
     CHECK(delivered == std::vector<std::int64_t>{2, 1, 3, 5});
+    // Each outcome carries what it is fenced on: a lease, or the run's hold.
+    for (const auto& r : write.batch->delivered) CHECK(r.hold == (r.id > 2 ? "hold of 1" : ""));
     CHECK(write.batch->unblocks_key);
     CHECK(write.batch->handed_back.empty());
 }
@@ -1522,8 +1525,10 @@ TEST_CASE("relay engine: an event of a run that is not delivered hands the unsen
     // (a destination that failed gets a delivery row of its own: fanned out)
     REQUIRE(write.batch->fan_outs.size() == 1);
     CHECK(write.batch->fan_outs[0].ref.id == 2);
+    CHECK(write.batch->fan_outs[0].ref.hold == "hold of 1");
     REQUIRE(write.batch->handed_back.size() == 2);
     CHECK(write.batch->handed_back[0].ref.id == 3);
+    CHECK(write.batch->handed_back[0].ref.hold == "hold of 1");
     CHECK(write.batch->handed_back[0].delay == 0ms);
     CHECK(write.batch->handed_back[1].ref.id == 4);
     CHECK(write.batch->unblocks_key);
