@@ -1468,7 +1468,8 @@ SELECT event_id FROM unheld;
 -- delivered (events not fanned out, plus deliveries) is counted up to `cap`
 -- rows of each; how long the oldest due work has been due (available_at
 -- <= now(): not leased, or its lease expired; the first entry of the claim
--- index) as `status` counts it; and the schema's migration version.
+-- index; not a run's follower being sent under its key's live hold,
+-- sql/0012) as `status` counts it; and the schema's migration version.
 -- A window event its slot's cursor has passed is delivered, waiting for
 -- cleanup, as in `status` (one primary-key probe of cursors per row read;
 -- claims outboxes have no txid and skip it).
@@ -1490,6 +1491,10 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events e
             WHERE e.available_at <= now()
               AND NOT coalesce(pg_visible_in_snapshot(e.txid, wc.snap_a)
                                OR (e.id < wc.done_below AND pg_visible_in_snapshot(e.txid, wc.snap_b)), false)
+              AND NOT (e.ordering_key IS NOT NULL AND e.lease_owner IS NULL AND EXISTS (
+                  SELECT 1 FROM :"schema".key_holds h
+                  WHERE h.ordering_key = e.ordering_key AND h.destination = '' AND h.lease_owner IS NOT NULL
+                    AND h.until > now() AND h.event_id >= e.id))
             ORDER BY e.available_at LIMIT 1),
            (SELECT min(available_at) FROM :"schema".deliveries WHERE available_at <= now()))), 0)::float8
            AS oldest_pending_seconds,

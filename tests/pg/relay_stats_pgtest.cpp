@@ -60,6 +60,31 @@ TEST_CASE("relay stats: backlog counts undelivered work (capped), oldest pending
     CHECK(s.oldest_pending_seconds >= 0);
 }
 
+TEST_CASE("relay stats: a run's followers being sent under their key's hold are not pending") {
+    testing::installed db;
+    auto store = db.store("relay-a");
+    store.connect();
+    for (int i = 0; i < 3; ++i) {
+        auto e = ev();
+        e.ordering_key = "k";
+        (void)db.enqueue(e);
+    }
+    (void)db.query("WITH u AS (UPDATE {s}.events SET available_at = now() - interval '20 seconds' RETURNING 1) "
+                   "SELECT count(*) FROM u");
+    // The key's run: its first event leased, the other two under the hold.
+    const auto claimed = store.claim(10, 30s, std::nullopt, std::nullopt);
+    REQUIRE(claimed.events.size() == 3);
+    CHECK(store.read_stats(100).oldest_pending_seconds == 0);
+    // Another event, due 5 s ago: the oldest due work not in flight.
+    const auto waiting = db.enqueue(ev());
+    (void)db.query(fmt::format("UPDATE {{s}}.events SET available_at = now() - interval '5 seconds' WHERE id = {} "
+                               "RETURNING id", waiting));
+    const auto s = store.read_stats(100);
+    CHECK(s.backlog == 4);
+    CHECK(s.oldest_pending_seconds >= 5);
+    CHECK(s.oldest_pending_seconds < 20);
+}
+
 TEST_CASE("relay stats: a claim says how old each event is by the database's clock") {
     testing::installed db;
     auto store = db.store("relay-a");
