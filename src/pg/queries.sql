@@ -188,8 +188,8 @@ due AS (
 -- stays locked by us until we commit (ON CONFLICT locks before it judges).
 -- Runs: behind each keyed event picked, the next events of its key in id
 -- order, as many as are due in a row (a delayed event, a retry's wait or
--- another lease ends the run before it), leased with it under the same
--- hold, so that the relay sends a key's consecutive events one after the
+-- another lease ends the run before it), taken with it under the same
+-- hold (not leased: see `followers` below), so that the relay sends a key's consecutive events one after the
 -- other without a claim between them. Not for a key with deliveries waiting
 -- (its events queue behind them, one by one). The claim's size bounds the
 -- runs with the picked events together: what is left after them is shared
@@ -240,10 +240,10 @@ runs AS (
 -- LOCKED). DISTINCT ON: one hold per key per statement (the rule above
 -- already lets only one event of a key through). A hold that is not ours
 -- stays locked by us until we commit (ON CONFLICT locks before it judges).
--- The hold names the run's last event (the picked one when it has no run):
--- the statement that ends that lease, the run's last, frees the key. The
--- relay sends a run in order and gives back the unsent rest when one of it
--- is not delivered, so that lease ends last either way.
+-- The hold names the run's last event (the picked one when it has no run)
+-- and our lease owner: the outcome of that event, the run's last, frees the
+-- key. The relay sends a run in order and gives back the unsent rest when
+-- one of it is not delivered, so that event's outcome comes last either way.
 held AS (
     INSERT INTO :"schema".key_holds AS h (ordering_key, destination, event_id, until, lease_owner)
     SELECT DISTINCT ON (d.ordering_key) d.ordering_key, '',
