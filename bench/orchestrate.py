@@ -319,7 +319,13 @@ class Bench:
         self.backlog_deadline = 120 if args.quick else 300
 
     def params(self, scenario: str) -> dict:
-        return PARAMS[scenario][1 if self.quick else 0]
+        p = dict(PARAMS[scenario][1 if self.quick else 0])
+        # --backlog-count: one size for every backlog, keyed or not; a drain of
+        # about one second (20,000) moves with the machine's spells by up to
+        # 1.5x, one of several seconds much less
+        if self.args.backlog_count and KIND.get(scenario, scenario) == "backlog":
+            p["count"] = self.args.backlog_count
+        return p
 
     def baseline_url(self) -> str:
         return with_params(self.args.database_url, "application_name=outboxd-baseline")
@@ -621,6 +627,9 @@ def main() -> int:
     ap.add_argument("--scenario", action="append", choices=ALL_SCENARIOS,
                     help="run only this scenario (repeatable); default: all but the keyed and backlog-20k ones")
     ap.add_argument("--quick", action="store_true", help="shorter scenarios, for a smoke run")
+    ap.add_argument("--backlog-count", type=int,
+                    help="events in every backlog scenario (keyed ones and backlog-20k included), instead of "
+                         "each scenario's own count")
     ap.add_argument("--relay", action="append", choices=["outboxd", "outboxd-windows", "baseline", "windows"],
                     help="run this relay (repeatable, in this order within a round); default: outboxd, baseline; "
                          "outboxd-windows: outboxd with relay.consume = \"windows\"")
@@ -637,6 +646,8 @@ def main() -> int:
     args = ap.parse_args()
     if not 1 <= args.runs <= 20:
         ap.error("--runs must be 1..20")
+    if args.backlog_count is not None and not 1 <= args.backlog_count <= 10_000_000:
+        ap.error("--backlog-count must be 1..10000000")
 
     # SIGTERM (from bench/run.sh's trap) unwinds like Ctrl-C, so children are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -3,7 +3,7 @@
 #
 #   bench/run.sh [--runs N] [--scenario NAME]... [--relay NAME]... [--quick] [--concurrency N]
 #                [--receiver-threads N] [--outboxd-dsn-params P] [--outboxd-wake MODE]
-#                [--keep-raw] [--no-build]
+#                [--backlog-count N] [--keep-raw] [--no-build]
 #
 #   --runs N            runs per scenario and relay; the table shows medians (default 3)
 #   --scenario NAME     paced | flat | backlog | many | idle | js-paced | js-backlog
@@ -15,6 +15,7 @@
 #                       outboxd with relay.consume = "windows"; windows: the
 #                       commit-ordered windows prototype, bench/windows/)
 #   --quick             shortened scenarios for a smoke run (~2 minutes)
+#   --backlog-count N   events in every backlog scenario (keyed and -20k ones too)
 #   --concurrency N     passed to `outboxd run` (default: outboxd's own)
 #   --receiver-threads  threads of the HTTP receiver (default 1)
 #   --outboxd-dsn-params P  URI parameters for outboxd's database URL only, to try
@@ -47,7 +48,7 @@ keep_raw=0
 windows=0
 outboxd_windows=0
 py_args=()
-usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --runs) runs=${2:?--runs needs a number}; shift 2 ;;
@@ -55,6 +56,7 @@ while (($#)); do
     --relay) py_args+=(--relay "${2:?--relay needs a name}"); [[ $2 == windows ]] && windows=1
              [[ $2 == outboxd-windows ]] && outboxd_windows=1; shift 2 ;;
     --quick) py_args+=(--quick); shift ;;
+    --backlog-count) py_args+=(--backlog-count "${2:?--backlog-count needs a number}"); shift 2 ;;
     --concurrency) py_args+=(--concurrency "${2:?--concurrency needs a number}"); shift 2 ;;
     --receiver-threads) py_args+=(--receiver-threads "${2:?--receiver-threads needs a number}"); shift 2 ;;
     --outboxd-dsn-params) py_args+=(--outboxd-dsn-params "${2:?--outboxd-dsn-params needs a value}"); shift 2 ;;
