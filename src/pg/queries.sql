@@ -189,8 +189,8 @@ due AS (
 -- Runs: behind each keyed event picked, the next events of its key in id
 -- order, as many as are due in a row (a delayed event, a retry's wait or
 -- another lease ends the run before it), taken with it under the same
--- hold (not leased: see `followers` below), so that the relay sends a key's consecutive events one after the
--- other without a claim between them. Not for a key with deliveries waiting
+-- hold (not leased: see `followers` below), so that the relay sends a key's
+-- consecutive events one after the other without a claim between them. Not for a key with deliveries waiting
 -- (its events queue behind them, one by one). The claim's size bounds the
 -- runs with the picked events together: what is left after them is shared
 -- out round-robin, each key's first follower before any key's second, so
