@@ -138,16 +138,29 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- followed: the relay claims again at once after this claim if it leases
 -- anything (a busy `auto` relay, core/wake_policy.hpp); then the claim
 -- leaves "when is the next one" (below) to the claim that leases nothing.
-WITH first_of_keys AS MATERIALIZED (
+-- examined: the walk of the claim index, once, shared by the key rule, the
+-- rows picked and the watermark. A CTE's rows are made as its first reader
+-- asks for them and kept for the others: a claim that fills up reads only as
+-- far as its last pick (the bound below needs the rest only when it did not),
+-- and rows come in the walk's order, which `due` keeps (a CTE's rows through
+-- a nested loop; a sort there would read the whole walk at every claim of a
+-- drain). Walked once per reader, a claim that came back less than full read
+-- its range twice; while a long transaction elsewhere keeps the index
+-- entries of delivered events from being marked dead, each of them costs a
+-- heap visit, and that range holds the last 5 s of them (the low mark).
+WITH examined AS MATERIALIZED (
+    SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
+    FROM :"schema".events e
+    WHERE e.available_at <= now()
+      AND :after_watermark
+    ORDER BY e.available_at, e.id
+    LIMIT 4 * :claim_size + 256
+),
+first_of_keys AS MATERIALIZED (
     SELECT f.id
     FROM (SELECT k.id, k.ordering_key
           FROM (SELECT min(s.id) AS id, s.ordering_key
-                FROM (SELECT e.id, e.ordering_key
-                      FROM :"schema".events e
-                      WHERE e.available_at <= now()
-                        AND :after_watermark
-                      ORDER BY e.available_at, e.id
-                      LIMIT 4 * :claim_size + 256) AS s
+                FROM examined s
                 WHERE s.ordering_key IS NOT NULL
                 GROUP BY s.ordering_key) AS k
           -- a probe of the key's hold, not a join: a join may read every
@@ -168,16 +181,10 @@ WITH first_of_keys AS MATERIALIZED (
 ),
 due AS (
     SELECT locked.id, locked.ctid AS tid, locked.available_at, locked.ordering_key
-    FROM (SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
-          FROM :"schema".events e
-          WHERE e.available_at <= now()
-            AND :after_watermark
-          ORDER BY e.available_at, e.id
-          LIMIT 4 * :claim_size + 256) AS examined
+    FROM examined
     JOIN :"schema".events locked ON locked.ctid = examined.tid
     WHERE examined.ordering_key IS NULL
        OR examined.id IN (SELECT id FROM first_of_keys)
-    ORDER BY examined.available_at, examined.id
     LIMIT :claim_size
     FOR UPDATE OF locked SKIP LOCKED
 ),
@@ -364,14 +371,16 @@ CROSS JOIN (SELECT count(*) >= greatest(:claim_size / 4, least(:claim_size, 16))
 -- keys' first events behind the watermark, out of the next claim's reach
 LEFT JOIN LATERAL (SELECT available_at, id FROM due WHERE NOT capped.cut OR ordering_key IS NOT NULL
                    ORDER BY available_at DESC, id DESC LIMIT 1) AS picked ON true
--- the last row `due` examined, if it examined its bound and did not fill up
--- nor take as many keys as it may (one-time filters: a claim that did skips
--- the scan; its watermark is the last row it picked)
-LEFT JOIN LATERAL (SELECT e.available_at, e.id FROM :"schema".events e
-                   WHERE e.available_at <= now() AND :after_watermark
-                     AND (SELECT count(*) FROM due) < :claim_size AND NOT capped.cut
-                   ORDER BY e.available_at, e.id
-                   OFFSET 4 * :claim_size + 255 LIMIT 1) AS bound ON true
+-- the last row examined, if the walk reached its bound and the claim neither
+-- filled up nor took as many keys as it may (one-time filters: a claim that
+-- did does not read the walk on; its watermark is the last row it picked; a
+-- claim that did not has read the whole walk already)
+LEFT JOIN LATERAL (SELECT x.available_at, x.id FROM examined x
+                   -- CASE: the count of the walk only then (an AND may test it first)
+                   WHERE CASE WHEN (SELECT count(*) FROM due) < :claim_size AND NOT capped.cut
+                              THEN (SELECT count(*) FROM examined) = 4 * :claim_size + 256 END
+                   ORDER BY x.available_at DESC, x.id DESC
+                   LIMIT 1) AS bound ON true
 CROSS JOIN LATERAL (SELECT coalesce(bound.available_at, picked.available_at) AS available_at,
                            coalesce(bound.id, picked.id) AS id) AS last;
 

@@ -1027,6 +1027,67 @@ TEST_CASE("a busy relay's claim that leases events does not read the index entri
     CHECK(buffers_of(plan) <= 150);
 }
 
+TEST_CASE("a claim that comes back less than full walks its range of the claim index once, even while a long "
+          "transaction keeps the entries of delivered events alive") {
+    // While a transaction elsewhere holds back vacuum, the index entries of
+    // events delivered since cannot be marked dead, so a claim visits the
+    // heap for each entry in its range: the last 5 s of delivered events
+    // (the low mark). A claim that came back less than full then walked
+    // that range once to pick its rows and once more to find its bound (with
+    // keys, a third time for the key rule): at 300 events/s under a held
+    // transaction, ~3,300 buffers and ~1.5 ms a claim against ~25 and
+    // ~0.15 ms without one (bench/results/claims-long-transaction-2026-12-03.md).
+    for (const bool keyed : {false, true}) {
+        CAPTURE(keyed);
+        installed db;
+        const auto s = db.store("a");
+        auto conn = testing::connect();
+        pqxx::nontransaction tx(*conn);
+        tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
+        for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+        for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
+        tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(16, pg::claim_from::low_mark)));
+
+        auto holder_conn = testing::connect();
+        // One snapshot for the whole transaction, and an xid.
+        pqxx::transaction<pqxx::repeatable_read> holder(*holder_conn, "long transaction");
+        holder.exec("SELECT txid_current()");
+
+        // 5,000 events written and delivered in the last 5 s, behind the
+        // hold; their rows scattered over the table in another order than
+        // their index entries', as leases leave them.
+        tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, available_at) "
+                            "SELECT 't', '{{}}', now() - (i * 7919 % 5000 + 1) * interval '0.8 millisecond' "
+                            "FROM generate_series(1, 5000) AS i",
+                            db.schema.q()));
+        tx.exec(fmt::format("DELETE FROM {}.events", db.schema.q()));
+        tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, ordering_key) "
+                            "SELECT 't', '{{}}', {} FROM generate_series(1, 3) AS i",
+                            db.schema.q(), keyed ? "'k' || i" : "NULL"));
+        // One walk of the range the claim reads, to its bound (4 x 16 + 256 rows).
+        const auto walk = analyzed_plan(tx, fmt::format("SELECT e.id, e.ctid, e.ordering_key FROM {}.events e "
+                                                        "WHERE e.available_at <= now() "
+                                                        "AND e.available_at >= now() - interval '5 seconds' "
+                                                        "ORDER BY e.available_at, e.id LIMIT 320",
+                                                        db.schema.q()));
+        REQUIRE(buffers_of(walk) >= 1000);  // a heap visit for each of the 5,000 entries (~30 a page)
+
+        tx.exec("BEGIN");
+        const auto plan = analyzed_plan(tx, "EXECUTE claim_from('a', 60000, now() - interval '5 seconds', false)");
+        const auto leased =
+            tx.exec1(fmt::format("SELECT count(*) FROM {}.events WHERE lease_owner = 'a'", db.schema.q()))[0].as<int>();
+        tx.exec("ROLLBACK");
+        holder.commit();
+        const auto nodes = plan_nodes(plan);
+        CAPTURE(nodes);
+        CAPTURE(buffers_of(walk));
+        CHECK(leased == 3);
+        // The walk once, and a few dozen buffers for the rest (three leases,
+        // their holds, the search for the next due).
+        CHECK(buffers_of(plan) <= buffers_of(walk) + 200);
+    }
+}
+
 namespace {
 
 // The state a drained outbox leaves (see the claims' test above) on both
