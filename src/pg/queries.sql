@@ -53,6 +53,9 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- variant claim_from: :outside_drain = NOT ($4::boolean AND EXISTS (SELECT 1 FROM claimed))
 -- variant claim_after (watermark_at, watermark_id): :after_watermark = (e.available_at, e.id) > ($3::timestamptz, $4::bigint)
 -- variant claim_after: :outside_drain = false
+-- variant claim: :own_walk = false
+-- variant claim_from: :own_walk = false
+-- variant claim_after: :own_walk = true
 -- Picks due events and stamps our lease in one short statement; no
 -- transaction stays open while events are delivered. Each goes to every
 -- destination its topic routes to. key_pending says that the event's key
@@ -138,16 +141,23 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- followed: the relay claims again at once after this claim if it leases
 -- anything (a busy `auto` relay, core/wake_policy.hpp); then the claim
 -- leaves "when is the next one" (below) to the claim that leases nothing.
--- examined: the walk of the claim index, once, shared by the key rule, the
--- rows picked and the watermark. A CTE's rows are made as its first reader
--- asks for them and kept for the others: a claim that fills up reads only as
--- far as its last pick (the bound below needs the rest only when it did not),
+-- examined: the walk of the claim index, shared by the key rule, the rows
+-- picked and the watermark. A CTE's rows are made as its first reader asks
+-- for them and kept for the others: a claim that fills up reads only as far
+-- as its last pick (the bound below needs the rest only when it did not),
 -- and rows come in the walk's order, which `due` keeps (a CTE's rows through
 -- a nested loop; a sort there would read the whole walk at every claim of a
 -- drain). Walked once per reader, a claim that came back less than full read
--- its range twice; while a long transaction elsewhere keeps the index
--- entries of delivered events from being marked dead, each of them costs a
--- heap visit, and that range holds the last 5 s of them (the low mark).
+-- its range twice (three times with keys); while a long transaction
+-- elsewhere keeps the index entries of delivered events from being marked
+-- dead, each costs a heap visit, and the range from the low mark holds two
+-- for each event of the last 5 s (bench/results/
+-- claims-long-transaction-2026-12-03.md: the claim's time under a held
+-- transaction halved).
+-- :own_walk (claim_after, a drain): `due` walks the index itself instead.
+-- A drain's claims fill up, so they gain nothing from sharing the walk, and
+-- keeping a CTE's rows costs ~1 us a row: 7% of a drain's claim time (the
+-- planner drops the branch of the UNION ALL that a constant rules out).
 WITH examined AS MATERIALIZED (
     SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
     FROM :"schema".events e
@@ -181,7 +191,14 @@ first_of_keys AS MATERIALIZED (
 ),
 due AS (
     SELECT locked.id, locked.ctid AS tid, locked.available_at, locked.ordering_key
-    FROM examined
+    FROM ((SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
+           FROM :"schema".events e
+           WHERE :own_walk AND e.available_at <= now()
+             AND :after_watermark
+           ORDER BY e.available_at, e.id
+           LIMIT 4 * :claim_size + 256)
+          UNION ALL
+          SELECT x.id, x.tid, x.available_at, x.ordering_key FROM examined x WHERE NOT :own_walk) AS examined
     JOIN :"schema".events locked ON locked.ctid = examined.tid
     WHERE examined.ordering_key IS NULL
        OR examined.id IN (SELECT id FROM first_of_keys)

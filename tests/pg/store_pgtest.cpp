@@ -982,6 +982,20 @@ TEST_CASE("complete, planned while the outbox was small, reads only what it dele
     CHECK(rows_removed(plan) <= 100);
 }
 
+namespace {
+
+// tx as the relay's claiming session, with `claim_from` (a claim of 16 from
+// the low mark) prepared, and no autovacuum on the events table to tidy up
+// behind the test's dead rows.
+void prepare_claim_from(pqxx::nontransaction& tx, const installed& db, const pg::store& s) {
+    tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
+    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
+    for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
+    tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(16, pg::claim_from::low_mark)));
+}
+
+}  // namespace
+
 TEST_CASE("a busy relay's claim that leases events does not read the index entries of the last minute's leases") {
     // Each lease moves its row's available_at a lease period ahead, into a
     // new index entry, and the event is deleted when delivered: the entries
@@ -994,10 +1008,7 @@ TEST_CASE("a busy relay's claim that leases events does not read the index entri
     const auto s = db.store("a");
     auto conn = testing::connect();
     pqxx::nontransaction tx(*conn);
-    tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
-    for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
-    for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
-    tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(16, pg::claim_from::low_mark)));
+    prepare_claim_from(tx, db, s);
     // Written an hour ago (their first entries lie behind the low mark),
     // leased over the last minute, delivered.
     tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, available_at) "
@@ -1043,10 +1054,7 @@ TEST_CASE("a claim that comes back less than full walks its range of the claim i
         const auto s = db.store("a");
         auto conn = testing::connect();
         pqxx::nontransaction tx(*conn);
-        tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
-        for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
-        for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
-        tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(16, pg::claim_from::low_mark)));
+        prepare_claim_from(tx, db, s);
 
         auto holder_conn = testing::connect();
         // One snapshot for the whole transaction, and an xid.
