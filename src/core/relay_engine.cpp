@@ -235,6 +235,19 @@ void relay_engine::claimed(claim_outcome result) {
     if (metrics_ != nullptr) metrics_->claimed(result.events.size());
     if (finishing_) return;  // a timed-out shutdown: the release covers these
     auto& events = result.events;
+    // A claim under way when a reload or a shutdown began: what it took is
+    // handed back unsent and due now, as stop_claiming() did with what was
+    // waiting. Sent, it would go out under the configuration a reload is
+    // replacing (to a destination the new one may have dropped), and would
+    // hold up a shutdown that no longer claims.
+    if (dispatch_.stopping() && !events.empty()) {
+        for (const auto& e : events) {
+            ledger_.claimed(e);
+            hand_back(e, milliseconds(0));
+        }
+        events.clear();
+        flush_outcomes();
+    }
     if (!events.empty() && log::enabled(log::level::debug)) {
         const auto us = [](steady_time from, steady_time to) {
             return str(std::chrono::duration_cast<std::chrono::microseconds>(to - from).count());

@@ -1165,6 +1165,44 @@ TEST_CASE("relay engine: a reload stops claiming but keeps listening, hands back
     CHECK(h.last.empty());
 }
 
+TEST_CASE("relay engine: what a claim under way at a reload or a shutdown brings back is handed back unsent") {
+    // The claim was asked for before the signal and answers after it. Sent,
+    // its events would go out under the configuration a reload replaces
+    // (seen in the e2e test of a SIGHUP that moves work to a new
+    // destination: an event written after "reloading" went to the old one).
+    for (const bool reload : {true, false}) {
+        CAPTURE(reload);
+        harness h(one_destination(4));
+        h.start();
+        h.claim_returns({make_event(1)}, true);
+        const auto in_flight = h.one<send_command>();
+        REQUIRE(h.has<claim_command>());  // came back full: the next claim, under way
+        if (reload) {
+            h.engine.reload_requested();
+        } else {
+            h.engine.signalled(15);
+        }
+        h.step();
+        h.claim_returns({make_event(2), make_event(3, "k")});
+        CHECK_FALSE(h.has<send_command>());
+        CHECK_FALSE(h.has<claim_command>());
+        const auto write = h.one<write_outcomes_command>();
+        REQUIRE(write.batch->handed_back.size() == 2);
+        CHECK(write.batch->handed_back[0].ref.id == 2);
+        CHECK(write.batch->handed_back[1].ref.id == 3);
+        CHECK(write.batch->handed_back[0].delay == 0ms);
+        CHECK(write.batch->unblocks_key);
+        h.engine.outcomes_written(0);
+        h.step();
+        CHECK_FALSE(h.has<finish_command>());  // event 1 is still being sent
+        h.answer(in_flight, ok());
+        CHECK(h.one<write_outcomes_command>().batch->delivered.size() == 1);
+        h.engine.outcomes_written(0);
+        h.step();
+        CHECK(h.has<finish_command>());
+    }
+}
+
 TEST_CASE("relay engine: a circuit that opens or closes is published") {
     auto cfg = one_destination(1);
     cfg.destinations[0].circuit = {2, 500ms, 5s};
