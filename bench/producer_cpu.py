@@ -15,7 +15,10 @@ PostgreSQL's other processes. Printed per round, as µs of CPU a commit.
 Modes: no-wake (no trigger, no relay); no-wake-hog (the same, beside a
 process that burns ~30% of a core in 1 ms bursts: what a relay's CPU alone
 does to the others on a small machine, without its database work);
-poll-live and auto-live (a relay with relay.wake = poll / auto, stdout sink).
+poll-live and auto-live (a relay with relay.wake = poll / auto, stdout sink);
+poll-live-trigger (poll-live with the wake-up trigger installed: producers
+pay its WHEN clause, as beside a busy `auto` relay, and the relay claims
+every 500 ms).
 Uses build/outboxd, or $OUTBOXD_BIN. Builds nothing; removes its cluster.
 """
 import argparse
@@ -87,8 +90,8 @@ def start_helper(mode, cluster, outboxd):
     """The process a mode runs beside the producers, if any."""
     if mode == "no-wake-hog":
         return subprocess.Popen(["python3", "-c", HOG]), "hog"
-    if mode in ("poll-live", "auto-live"):
-        env = dict(os.environ, OUTBOXD_WAKE="poll" if mode == "poll-live" else "auto")
+    if mode in ("poll-live", "poll-live-trigger", "auto-live"):
+        env = dict(os.environ, OUTBOXD_WAKE="auto" if mode == "auto-live" else "poll")
         relay = subprocess.Popen([outboxd, "run", "--database-url", cluster.url, "--schema", "outbox", "--url", "stdout",
                                   "--log-level", "warn"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.5)  # connected, listening, first claims made
@@ -98,7 +101,9 @@ def start_helper(mode, cluster, outboxd):
 
 def run_mode(mode, cluster, outboxd, script, clients):
     cluster.psql("TRUNCATE bench_orders, outbox.events, outbox.deliveries, outbox.relay_wake")
-    wake = "auto" if mode == "auto-live" else "poll"  # poll: no trigger
+    # poll: no trigger; auto: the trigger (which, with no relay declared
+    # idle, never notifies: poll-live-trigger pays its WHEN clause alone)
+    wake = "auto" if mode in ("auto-live", "poll-live-trigger") else "poll"
     subprocess.run([outboxd, "wake-setup", wake, "--database-url", cluster.url, "--schema", "outbox"],
                    capture_output=True, check=True)
     helper, helper_class = start_helper(mode, cluster, outboxd)
