@@ -49,11 +49,14 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- params: owner, lease_ms
 -- variant claim: :after_watermark = true
 -- variant claim: :outside_drain = true
--- variant claim_from (low_mark, followed): :after_watermark = e.available_at >= $3::timestamptz
+-- variant claim_from (low_mark, followed): :after_watermark = e.available_at >= split_part($3::text, '|', 1)::timestamptz
 -- variant claim_from: :outside_drain = NOT ($4::boolean AND EXISTS (SELECT 1 FROM claimed))
 -- variant claim_after (watermark_at, watermark_id): :after_watermark = (e.available_at, e.id) > ($3::timestamptz, $4::bigint)
 -- variant claim_after: :outside_drain = false
 -- variant claim: :own_walk = false
+-- variant claim: :low_mark_param = NULL::text
+-- variant claim_from: :low_mark_param = $3::text
+-- variant claim_after: :low_mark_param = NULL::text
 -- variant claim_from: :own_walk = false
 -- variant claim_after: :own_walk = true
 -- Picks due events and stamps our lease in one short statement; no
@@ -92,15 +95,30 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- as it goes. Rows behind the watermark that arrive late (a long transaction
 -- commits an earlier available_at) are claimed as soon as a claim comes back
 -- less than full, which ends the drain mode.
--- claim_from, outside a drain: at the low mark returned by the previous claim
--- (its now() less 5 seconds). A claim that came back less than full took
--- everything due and visible to it, except events of a blocked key; so what
--- may still wait behind its low mark is only what a transaction older than 5
--- seconds commits later, and events whose key was blocked. The relay runs
--- `claim`, from the beginning of the index, at every sweep and after a keyed
--- event finished. While a long transaction elsewhere holds back vacuum (and
--- the marking of dead index entries), this keeps each claim from wading
--- through the entries of every event delivered since that transaction began.
+-- claim_from, outside a drain: at the low mark returned by the previous claim.
+-- A claim that came back less than full took everything due and visible to
+-- it, except events of a blocked key; what may still come due behind it is
+-- what transactions in progress at its snapshot commit later. Each writes
+-- available_at as the time of writing (clock_timestamp(): sql/0013, and the
+-- relay's own statements below), after it took its lock on the table. So
+-- such an event is either written by a transaction that held a lock on
+-- `events` at some moment before the snapshot, and due no earlier than that
+-- transaction's start, or written after that moment. The low mark is the
+-- earlier of the two, read at a check (`writers`, below) that an earlier
+-- statement made, less 50 ms for the clocks of two backends; never more than
+-- 5 seconds back: events of a writer older than that (and events written with
+-- an explicit available_at in the past) are found by the sweep, as before.
+-- The check reads pg_locks and every backend's status (~0.3 ms), so a claim
+-- makes it at most once a second and hands it on in its low mark ("low
+-- mark|checked at|floor", which only this statement reads). Without it (a
+-- holder whose start the relay's role may not see, a prepared transaction)
+-- the low mark is 5 seconds back. Events whose key was blocked: the relay
+-- runs `claim`, from the beginning of the index, at every sweep and after a
+-- keyed event finished. While a long transaction elsewhere holds back vacuum
+-- (and the marking of dead index entries), this keeps each claim from wading
+-- through the entries of every event delivered since that transaction began
+-- (with the check, only those written since the check less 50 ms: tests/pg/
+-- store_pgtest.cpp, "a claim from a checked low mark walks only ...").
 -- The per-key rule is tested on at most 4 * :claim_size + 256 due rows (the
 -- `examined` bound): over few keys almost every due row waits behind an
 -- earlier event of its key, and a scan that tested rows until LIMIT of them
@@ -371,8 +389,10 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        EXISTS (SELECT 1 FROM :"schema".deliveries WHERE available_at <= now() AND :known_destination),
        -- the watermark: the last row claimed, in claim order
        last.available_at::text, last.id, NULL,
-       -- the low mark for the next claim outside a drain
-       (now() - interval '5 seconds')::text,
+       -- the low mark for the next claim outside a drain (claim_from, above):
+       -- from the check an earlier statement made, with this claim's check
+       greatest(now() - interval '5 seconds', mark.floor)::text
+           || '|' || coalesce(writers.checked_at::text, '') || '|' || coalesce(writers.floor::text, ''),
        -- rows the claim picked, leased or not (a key held by another claim):
        -- "came back full" is judged on these, or a hold conflict would end
        -- a drain and move the low mark past rows still waiting; a claim
@@ -399,7 +419,34 @@ LEFT JOIN LATERAL (SELECT x.available_at, x.id FROM examined x
                    ORDER BY x.available_at DESC, x.id DESC
                    LIMIT 1) AS bound ON true
 CROSS JOIN LATERAL (SELECT coalesce(bound.available_at, picked.available_at) AS available_at,
-                           coalesce(bound.id, picked.id) AS id) AS last;
+                           coalesce(bound.id, picked.id) AS id) AS last
+-- the check the low mark came with (claim_from), and this claim's own when
+-- that one is more than a second old: the earliest start of a transaction
+-- holding a lock on `events` (no lock mode reads alone takes, waiting or
+-- granted; our own claim among them), or the check's time if none does
+CROSS JOIN LATERAL (SELECT nullif(split_part(:low_mark_param, '|', 2), '')::timestamptz AS checked_at,
+                           nullif(split_part(:low_mark_param, '|', 3), '')::timestamptz AS floor) AS mark
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN r.refresh THEN clock_timestamp() ELSE mark.checked_at END AS checked_at,
+           -- CASE: the scan only then (its subquery runs when first asked)
+           CASE WHEN r.refresh THEN (
+               -- a holder without a start we can see (another role's
+               -- session without pg_read_all_stats, a prepared transaction):
+               -- no floor (-infinity; the low mark is then 5 s back)
+               SELECT CASE WHEN bool_and(a.xact_start IS NOT NULL) IS NOT FALSE
+                           THEN least(min(a.xact_start), clock_timestamp()) - interval '50 milliseconds'
+                           ELSE '-infinity' END
+               FROM pg_locks l
+               LEFT JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
+               WHERE l.locktype = 'relation' AND l.mode <> 'AccessShareLock'
+                 AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                 -- the table's oid from its row type: no name in a literal
+                 AND l.relation = (SELECT t.typrelid FROM pg_type t
+                                   WHERE t.oid = pg_typeof(CAST(NULL AS :"schema".events))))
+           ELSE mark.floor END AS floor
+    FROM (SELECT :low_mark_param IS NOT NULL
+                 AND (mark.checked_at IS NULL OR mark.checked_at < now() - interval '1 second') AS refresh) AS r
+) AS writers;
 
 -- name: claim_deliveries
 -- params: owner, lease_ms, destinations, windows
@@ -555,7 +602,7 @@ SELECT ctid::text AS tid FROM :"schema".events WHERE id = $1;
 -- event's lease (bench/NOTES.md, "Database").
 WITH retried AS (
     UPDATE :"schema".events
-    SET available_at = now() + $4 * interval '1 millisecond',
+    SET available_at = clock_timestamp() + $4 * interval '1 millisecond',
         last_error = $5,
         lease_owner = NULL,
         attempts = $2
@@ -619,7 +666,7 @@ RETURNING id;
 -- name followers, which carry no lease (sql/0012).
 WITH events_released AS (
     UPDATE :"schema".events
-    SET available_at = now(), lease_owner = NULL
+    SET available_at = clock_timestamp(), lease_owner = NULL
     WHERE lease_owner = $1
     RETURNING id, ordering_key
 ), deliveries_released AS (
@@ -651,7 +698,7 @@ SELECT event_id FROM deliveries_released;
 -- whose run the relay does not hold (a hold names its run's last event).
 WITH events_released AS (
     UPDATE :"schema".events
-    SET available_at = now(), lease_owner = NULL, attempts = attempts - 1
+    SET available_at = clock_timestamp(), lease_owner = NULL, attempts = attempts - 1
     WHERE lease_owner = $1 AND available_at > now() AND available_at < 'infinity'
       AND id <> ALL ($2::bigint[])
     RETURNING id, ordering_key
@@ -1109,7 +1156,7 @@ WITH revived AS (
          last_error, destinations)
     OVERRIDING SYSTEM VALUE
     SELECT DISTINCT ON (r.id) r.id, r.topic, r.ordering_key, r.payload, r.headers, r.idempotency_key, r.created_at,
-           now(), 0, r.last_error,
+           clock_timestamp(), 0, r.last_error,
            -- NULL (every route) if the whole event died, else where it died
            (SELECT CASE WHEN bool_or(x.destination IS NULL) THEN NULL
                         ELSE array_agg(x.destination ORDER BY x.destination) END
@@ -1364,7 +1411,7 @@ WHERE (event_id, destination) = (
 -- sent under this attempt, so no outcome can arrive for it later.
 WITH returned AS (
     UPDATE :"schema".events
-    SET available_at = now() + $4 * interval '1 millisecond',
+    SET available_at = clock_timestamp() + $4 * interval '1 millisecond',
         lease_owner = NULL,
         attempts = $2 - 1
     WHERE ctid = $5::tid AND id + 0 = $1
@@ -1461,7 +1508,7 @@ WITH forgotten AS (
     DELETE FROM :"schema".relays WHERE lease_owner = ANY ($1::text[])
 ), events_released AS (
     UPDATE :"schema".events
-    SET available_at = now(), lease_owner = NULL
+    SET available_at = clock_timestamp(), lease_owner = NULL
     WHERE lease_owner = ANY ($1::text[]) AND available_at > now() AND available_at < 'infinity'
     RETURNING id, ordering_key
 ), deliveries_released AS (
