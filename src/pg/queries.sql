@@ -422,23 +422,34 @@ CROSS JOIN LATERAL (SELECT coalesce(bound.available_at, picked.available_at) AS 
                            coalesce(bound.id, picked.id) AS id) AS last
 -- the check the low mark came with (claim_from), and this claim's own when
 -- that one is more than a second old: the earliest start of a transaction
--- holding a lock on `events` (no lock mode reads alone takes, waiting or
--- granted; our own claim among them), or the check's time if none does
+-- that writes `events` (RowExclusiveLock, waiting or granted; our own claim
+-- among them; not vacuum's lock, nor a reader's), or the check's time if
+-- none does
 CROSS JOIN LATERAL (SELECT nullif(split_part(:low_mark_param, '|', 2), '')::timestamptz AS checked_at,
                            nullif(split_part(:low_mark_param, '|', 3), '')::timestamptz AS floor) AS mark
 CROSS JOIN LATERAL (
     SELECT CASE WHEN r.refresh THEN clock_timestamp() ELSE mark.checked_at END AS checked_at,
            -- CASE: the scan only then (its subquery runs when first asked)
            CASE WHEN r.refresh THEN (
-               -- a holder without a start we can see (another role's
-               -- session without pg_read_all_stats, a prepared transaction):
-               -- no floor (-infinity; the low mark is then 5 s back)
-               SELECT CASE WHEN bool_and(a.xact_start IS NOT NULL) IS NOT FALSE
-                           THEN least(min(a.xact_start), clock_timestamp()) - interval '50 milliseconds'
+               -- A writer whose session we may not see (another role's,
+               -- without pg_read_all_stats; track_activities off; a
+               -- prepared transaction, which has no session): no floor
+               -- (-infinity; the low mark is then 5 s back). One we see
+               -- with no transaction: the backends' status is read once, at
+               -- some moment of this statement, and pg_locks at another. If
+               -- the status came first, the writer began after it, so after
+               -- our now(); if it came second, the writer had finished by
+               -- then: what it wrote is committed before the next claim's
+               -- snapshot, and that claim takes it from a low mark that
+               -- rests on an earlier check.
+               SELECT CASE WHEN bool_and(a.pid IS NOT NULL AND a.state IS DISTINCT FROM 'disabled'
+                                         AND a.query IS DISTINCT FROM '<insufficient privilege>') IS NOT FALSE
+                           THEN least(min(coalesce(a.xact_start, now())), clock_timestamp())
+                                - interval '50 milliseconds'
                            ELSE '-infinity' END
                FROM pg_locks l
                LEFT JOIN pg_stat_get_activity(NULL) a ON a.pid = l.pid
-               WHERE l.locktype = 'relation' AND l.mode <> 'AccessShareLock'
+               WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
                  AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
                  -- the table's oid from its row type: no name in a literal
                  AND l.relation = (SELECT t.typrelid FROM pg_type t
@@ -1083,7 +1094,10 @@ RETURNING id;
 
 -- name: enqueue
 -- params: topic, payload, ordering_key, idempotency_key, headers, delay_ms
-SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb, now() + $6 * interval '1 millisecond');
+-- No delay: NULL, so that enqueue() stamps the time it writes the row (an
+-- enqueue with an idempotency key may first wait for another's commit).
+SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb,
+                         CASE WHEN $6::bigint > 0 THEN clock_timestamp() + $6 * interval '1 millisecond' END);
 
 -- name: dead_list
 -- params: topic_regex, older_than_ms, max_rows
