@@ -996,6 +996,17 @@ void prepare_claim_from(pqxx::nontransaction& tx, const installed& db, const pg:
     tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(16, pg::claim_from::low_mark)));
 }
 
+// 5,000 events written and delivered in the last 4 s; their rows scattered
+// over the table in another order than their index entries', as leases
+// leave them.
+void write_and_deliver_recent(pqxx::nontransaction& tx, const installed& db) {
+    tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, available_at) "
+                        "SELECT 't', '{{}}', now() - (i * 7919 % 5000 + 1) * interval '0.8 millisecond' "
+                        "FROM generate_series(1, 5000) AS i",
+                        db.schema.q()));
+    tx.exec(fmt::format("DELETE FROM {}.events", db.schema.q()));
+}
+
 }  // namespace
 
 TEST_CASE("a busy relay's claim that leases events does not read the index entries of the last minute's leases") {
@@ -1063,14 +1074,7 @@ TEST_CASE("a claim that comes back less than full walks its range of the claim i
         pqxx::transaction<pqxx::repeatable_read> holder(*holder_conn, "long transaction");
         holder.exec("SELECT txid_current()");
 
-        // 5,000 events written and delivered in the last 5 s, behind the
-        // hold; their rows scattered over the table in another order than
-        // their index entries', as leases leave them.
-        tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, available_at) "
-                            "SELECT 't', '{{}}', now() - (i * 7919 % 5000 + 1) * interval '0.8 millisecond' "
-                            "FROM generate_series(1, 5000) AS i",
-                            db.schema.q()));
-        tx.exec(fmt::format("DELETE FROM {}.events", db.schema.q()));
+        write_and_deliver_recent(tx, db);  // behind the hold
         tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, ordering_key) "
                             "SELECT 't', '{{}}', {} FROM generate_series(1, 3) AS i",
                             db.schema.q(), keyed ? "'k' || i" : "NULL"));
@@ -1113,12 +1117,7 @@ TEST_CASE("with no writer in progress, a claim from a checked low mark walks onl
     pqxx::transaction<pqxx::repeatable_read> holder(*holder_conn, "long transaction");
     holder.exec("SELECT txid_current()");
 
-    // 5,000 events written and delivered in the last 4 s, behind the hold.
-    tx.exec(fmt::format("INSERT INTO {}.events (topic, payload, available_at) "
-                        "SELECT 't', '{{}}', now() - (i * 7919 % 5000 + 1) * interval '0.8 millisecond' "
-                        "FROM generate_series(1, 5000) AS i",
-                        db.schema.q()));
-    tx.exec(fmt::format("DELETE FROM {}.events", db.schema.q()));
+    write_and_deliver_recent(tx, db);  // behind the hold
     std::this_thread::sleep_for(100ms);  // all of them written more than 50 ms before the check
     const auto from_start = s.claim(16, 30s);
     const auto checked = s.claim(16, 30s, std::nullopt, from_start.low_mark);
