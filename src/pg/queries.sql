@@ -392,7 +392,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- the low mark for the next claim outside a drain (claim_from, above):
        -- from the check an earlier statement made, with this claim's check
        greatest(now() - interval '5 seconds', mark.floor)::text
-           || '|' || coalesce(writers.checked_at::text, '') || '|' || coalesce(writers.floor::text, ''),
+           || '|' || coalesce(writers.checked_at, '') || '|' || coalesce(writers.floor, ''),
        -- rows the claim picked, leased or not (a key held by another claim):
        -- "came back full" is judged on these, or a hold conflict would end
        -- a drain and move the low mark past rows still waiting; a claim
@@ -425,10 +425,14 @@ CROSS JOIN LATERAL (SELECT coalesce(bound.available_at, picked.available_at) AS 
 -- that writes `events` (RowExclusiveLock, waiting or granted; our own claim
 -- among them; not vacuum's lock, nor a reader's), or the check's time if
 -- none does
+-- (handed on as the text it came in when not made again: a timestamp's
+-- text form costs a few microseconds each way)
 CROSS JOIN LATERAL (SELECT nullif(split_part(:low_mark_param, '|', 2), '')::timestamptz AS checked_at,
-                           nullif(split_part(:low_mark_param, '|', 3), '')::timestamptz AS floor) AS mark
+                           nullif(split_part(:low_mark_param, '|', 3), '')::timestamptz AS floor,
+                           split_part(:low_mark_param, '|', 2) AS checked_at_text,
+                           split_part(:low_mark_param, '|', 3) AS floor_text) AS mark
 CROSS JOIN LATERAL (
-    SELECT CASE WHEN r.refresh THEN clock_timestamp() ELSE mark.checked_at END AS checked_at,
+    SELECT CASE WHEN r.refresh THEN clock_timestamp()::text ELSE mark.checked_at_text END AS checked_at,
            -- CASE: the scan only then (its subquery runs when first asked)
            CASE WHEN r.refresh THEN (
                -- A writer whose session we may not see (another role's,
@@ -453,8 +457,8 @@ CROSS JOIN LATERAL (
                  AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
                  -- the table's oid from its row type: no name in a literal
                  AND l.relation = (SELECT t.typrelid FROM pg_type t
-                                   WHERE t.oid = pg_typeof(CAST(NULL AS :"schema".events))))
-           ELSE mark.floor END AS floor
+                                   WHERE t.oid = pg_typeof(CAST(NULL AS :"schema".events))))::text
+           ELSE mark.floor_text END AS floor
     FROM (SELECT :low_mark_param IS NOT NULL
                  AND (mark.checked_at IS NULL OR mark.checked_at < now() - interval '1 second') AS refresh) AS r
 ) AS writers;
@@ -1097,7 +1101,7 @@ RETURNING id;
 -- No delay: NULL, so that enqueue() stamps the time it writes the row (an
 -- enqueue with an idempotency key may first wait for another's commit).
 SELECT :"schema".enqueue($1, $2::jsonb, $3, $4, $5::jsonb,
-                         CASE WHEN $6::bigint > 0 THEN clock_timestamp() + $6 * interval '1 millisecond' END);
+                         CASE WHEN $6::bigint > 0 THEN now() + $6 * interval '1 millisecond' END);
 
 -- name: dead_list
 -- params: topic_regex, older_than_ms, max_rows
