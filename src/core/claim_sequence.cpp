@@ -67,6 +67,15 @@ claim_outcome run_window_claim(claim_port& db, const claim_request& request) {
     return out;
 }
 
+std::optional<std::string> low_mark_from_start(const std::optional<std::string>& low_mark) {
+    if (!low_mark) return std::nullopt;
+    const auto first_bar = low_mark->find('|');
+    if (first_bar == std::string::npos) return std::nullopt;
+    auto check = low_mark->substr(first_bar);  // "|checked at|floor"
+    if (check == "||") return std::nullopt;
+    return check;
+}
+
 claim_outcome run_claim(claim_port& db, const claim_request& request) {
     if (request.windows) return run_window_claim(db, request);
     claim_outcome out;

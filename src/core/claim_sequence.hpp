@@ -106,6 +106,15 @@ struct claim_outcome {
     std::chrono::steady_clock::time_point done{};
 };
 
+// The low mark a claim from the start of the index passes (a sweep, a key
+// unblocked, an `auto` relay's claims after its idle declaration): the
+// start of the index as its first field, and the check of the writers in
+// progress that `low_mark` carried ("low mark|checked at|floor", see the
+// claim in src/pg/queries.sql), so that the claim after it does not walk 5
+// seconds back for want of one. nullopt (the claim statement from the
+// start) when there is no check to keep.
+[[nodiscard]] std::optional<std::string> low_mark_from_start(const std::optional<std::string>& low_mark);
+
 // Runs one claim through `db`. Exceptions from the port propagate (the
 // claim failed; the request's marks are still valid for the next one).
 [[nodiscard]] claim_outcome run_claim(claim_port& db, const claim_request& request);

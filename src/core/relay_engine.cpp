@@ -340,13 +340,13 @@ void relay_engine::reset_claim_marks(bool watermark_too) {
         reset_after_claim_ = std::max(reset_after_claim_, watermark_too ? 2 : 1);
         return;
     }
-    low_mark_.reset();
+    low_mark_ = low_mark_from_start(low_mark_);
     if (watermark_too) drain_watermark_.reset();
 }
 
 void relay_engine::apply_resets_after_claim() {
     if (reset_after_claim_ == 0) return;
-    low_mark_.reset();
+    low_mark_ = low_mark_from_start(low_mark_);
     if (reset_after_claim_ == 2) drain_watermark_.reset();
     reset_after_claim_ = 0;
 }

@@ -49,7 +49,7 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- params: owner, lease_ms
 -- variant claim: :after_watermark = true
 -- variant claim: :outside_drain = true
--- variant claim_from (low_mark, followed): :after_watermark = e.available_at >= split_part($3::text, '|', 1)::timestamptz
+-- variant claim_from (low_mark, followed): :after_watermark = e.available_at >= coalesce(nullif(split_part($3::text, '|', 1), '')::timestamptz, '-infinity')
 -- variant claim_from: :outside_drain = NOT ($4::boolean AND EXISTS (SELECT 1 FROM claimed))
 -- variant claim_after (watermark_at, watermark_id): :after_watermark = (e.available_at, e.id) > ($3::timestamptz, $4::bigint)
 -- variant claim_after: :outside_drain = false
@@ -110,11 +110,13 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- an explicit available_at in the past) are found by the sweep, as before.
 -- The check reads pg_locks and every backend's status (~0.3 ms), so a claim
 -- makes it at most once a second and hands it on in its low mark ("low
--- mark|checked at|floor", which only this statement reads). Without it (a
--- holder whose start the relay's role may not see, a prepared transaction)
--- the low mark is 5 seconds back. Events whose key was blocked: the relay
--- runs `claim`, from the beginning of the index, at every sweep and after a
--- keyed event finished. While a long transaction elsewhere holds back vacuum
+-- mark|checked at|floor", which only this statement and
+-- core/claim_sequence's low_mark_from_start read). Without it (a holder
+-- whose start the relay's role may not see, a prepared transaction) the low
+-- mark is 5 seconds back. Events whose key was blocked: the relay claims
+-- from the beginning of the index at every sweep and after a keyed event
+-- finished; with a check to hand on, as claim_from with an empty low mark
+-- ("|checked at|floor"), else as `claim`. While a long transaction elsewhere holds back vacuum
 -- (and the marking of dead index entries), this keeps each claim from wading
 -- through the entries of every event delivered since that transaction began
 -- (with the check, only those written since the check less 50 ms: tests/pg/

@@ -186,3 +186,26 @@ TEST_CASE("low mark: a relay whose role may not see a writer's session (no pg_re
     }
     db.query(fmt::format("DROP OWNED BY {0}; DROP ROLE {0}; SELECT 1", r));
 }
+
+TEST_CASE("low mark: one whose first field is empty claims from the start of the index and hands its check on") {
+    installed db;
+    auto s = db.store("a");
+    const auto first = s.claim(10, 30s).low_mark;
+    const auto checked = s.claim(10, 30s, std::nullopt, first).low_mark;
+    REQUIRE_FALSE(part(checked, 2).empty());
+    // Due an hour ago, committed now: behind any low mark but the start.
+    pg::new_event e;
+    e.topic = "t";
+    e.payload = R"({"n":1})";
+    const auto old = db.enqueue(e);
+    db.query(fmt::format("UPDATE {{s}}.events SET available_at = now() - interval '1 hour' WHERE id = {} RETURNING 1",
+                         old));
+    CHECK(s.claim(10, 30s, std::nullopt, checked).events.empty());
+    const auto from_start = "|" + part(checked, 2) + "|" + part(checked, 3);
+    const auto swept = s.claim(10, 30s, std::nullopt, from_start);
+    REQUIRE(swept.events.size() == 1);
+    CHECK(swept.events[0].id == old);
+    // It rests on the check it was given, and hands it on.
+    CHECK(holds(db, part(swept.low_mark, 1), "{} = " + quote_literal(part(checked, 3)) + "::timestamptz"));
+    CHECK(part(swept.low_mark, 2) == part(checked, 2));
+}

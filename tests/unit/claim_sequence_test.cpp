@@ -389,3 +389,11 @@ TEST_CASE("claim sequence, windows: the page first, then deliveries when the rea
         CHECK_FALSE(nothing.window);
     }
 }
+
+TEST_CASE("claim sequence: a low mark from the start: the check is kept, and without one there is nothing to pass") {
+    CHECK(low_mark_from_start(std::string("a|b|c")) == std::optional<std::string>("|b|c"));
+    CHECK(low_mark_from_start(std::string("|b|c")) == std::optional<std::string>("|b|c"));
+    CHECK_FALSE(low_mark_from_start(std::string("a||")));
+    CHECK_FALSE(low_mark_from_start(std::string("2026-11-30 00:00:00+00")));
+    CHECK_FALSE(low_mark_from_start(std::nullopt));
+}

@@ -567,6 +567,21 @@ TEST_CASE("relay engine: a failed claim is retried after a growing backoff; the 
     CHECK(s.armed(relay_timer::sweep));
 }
 
+TEST_CASE("relay engine: a claim from the start keeps the writers check its low mark carried") {
+    harness s(one_destination(2));
+    const auto sweep = *[&] { s.engine.start({}); s.step(); return s.armed(relay_timer::sweep); }();
+    claim_outcome o;
+    o.low_mark = "2026-11-30 00:00:00+00|2026-11-30 00:00:04+00|2026-11-30 00:00:03.95+00";
+    s.engine.claimed(std::move(o));
+    s.step();
+    s.clock.advance(30s);
+    s.engine.timer_fired(relay_timer::sweep, sweep.generation);
+    s.step();
+    // From the start of the index (no time), with the check.
+    CHECK(s.one<claim_command>().request.low_mark ==
+          std::optional<std::string>("|2026-11-30 00:00:04+00|2026-11-30 00:00:03.95+00"));
+}
+
 TEST_CASE("relay engine: after a failed claim the next one hands back every lease but those the relay holds") {
     harness h(one_destination(4));
     const auto first = h.start();
