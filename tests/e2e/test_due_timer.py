@@ -21,11 +21,13 @@ def test_an_event_due_in_the_year_2400_leaves_an_idle_relay_asleep(db, relay, re
     r = relay(receiver, "--sweep-interval", "1h")
     assert db.wait_relay_quiet(quiet=0.3, timeout=10), \
         "the relay never went idle: it keeps running statements"
-    # An idle relay runs no statement until its next wake-up; the bug was a
-    # relay re-claiming in a loop (~12,000 commits in 2 s), which scores about
-    # one per 10 ms sample here.
+    # An idle relay runs no claim until its next wake-up, only its
+    # once-a-second housekeeping (the takeover check): 2-3 here when the
+    # machine is quiet, 5 once under a loaded CI run. The bug was a relay
+    # re-claiming in a loop (~12,000 commits in 2 s), which scores about one
+    # per 10 ms sample here (~200).
     ran = db.relay_statements_during(2.0)
-    assert ran < 5, f"the idle relay ran statements {ran} times in 2 s"
+    assert ran < 20, f"the idle relay ran statements {ran} times in 2 s"
     now = db.enqueue("now", {"x": 2})
     assert receiver.wait_for(1, timeout=10), receiver.requests
     assert r.alive()
