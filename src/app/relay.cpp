@@ -301,6 +301,8 @@ private:
     void apply(const wake_policy::actions& a) {
         if (a.claim_from_start) {
             feed([](relay_engine& e) { e.wake_from_start(); });
+        } else if (a.claim_since) {
+            feed([since = *a.claim_since](relay_engine& e) { e.wake_since(since); });
         } else if (a.claim) {
             wake();
         }
@@ -310,20 +312,20 @@ private:
             // that follows, or committed before the claims that follow.
             worker_.submit([this, declare = a.declare, read = a.read_in_progress,
                             valid = declaration_validity()](pg::store& store) {
-                std::string xids;
+                std::vector<xact_in_progress> xacts;
                 bool ok = true;
                 try {
                     if (declare) store.declare_wake(*declare, valid);
-                    if (read) xids = store.transactions_in_progress();
+                    if (read) xacts = store.transactions_in_progress();
                 } catch (const std::exception& e) {
                     ok = false;
                     log::warn(declare ? "declaring the relay idle or busy failed"
                                       : "reading the transactions in progress failed",
                               {{"error", scrub_secrets(e.what(), opts_.dsn)}});
                 }
-                net::post(ioc_, [this, ok, read, xids = std::move(xids)]() mutable {
+                net::post(ioc_, [this, ok, read, xacts = std::move(xacts)]() mutable {
                     if (ok && read) {
-                        feed_wake([&](wake_policy& w, auto now) { return w.declared_idle(std::move(xids), now); });
+                        feed_wake([&](wake_policy& w, auto now) { return w.declared_idle(std::move(xacts), now); });
                     } else {
                         feed_wake([&](wake_policy& w, auto now) { return w.declared(ok, now); });
                     }

@@ -1,6 +1,9 @@
 #include "core/claim_sequence.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <string_view>
 #include <iterator>
 #include <utility>
 
@@ -67,13 +70,41 @@ claim_outcome run_window_claim(claim_port& db, const claim_request& request) {
     return out;
 }
 
+namespace {
+
+// The low mark's fields: "low mark|checked at|floor[|since]".
+std::vector<std::string_view> low_mark_fields(std::string_view low_mark) {
+    std::vector<std::string_view> fields;
+    for (;;) {
+        const auto bar = low_mark.find('|');
+        fields.push_back(low_mark.substr(0, bar));
+        if (bar == std::string_view::npos) return fields;
+        low_mark.remove_prefix(bar + 1);
+    }
+}
+
+}  // namespace
+
 std::optional<std::string> low_mark_from_start(const std::optional<std::string>& low_mark) {
     if (!low_mark) return std::nullopt;
-    const auto first_bar = low_mark->find('|');
-    if (first_bar == std::string::npos) return std::nullopt;
-    auto check = low_mark->substr(first_bar);  // "|checked at|floor"
-    if (check == "||") return std::nullopt;
-    return check;
+    const auto f = low_mark_fields(*low_mark);
+    if (f.size() < 3 || (f[1].empty() && f[2].empty())) return std::nullopt;
+    return std::string("|").append(f[1]).append("|").append(f[2]);
+}
+
+std::optional<std::string> low_mark_reaching(const std::optional<std::string>& low_mark, database_time since) {
+    if (!low_mark) return std::nullopt;
+    auto f = low_mark_fields(*low_mark);
+    if (f[0].empty()) return low_mark;
+    f.resize(std::max<std::size_t>(f.size(), 3));  // no check: empty fields
+    auto us = since.time_since_epoch().count();
+    if (f.size() > 3) {
+        std::int64_t earlier = 0;
+        const auto [end, err] = std::from_chars(f[3].data(), f[3].data() + f[3].size(), earlier);
+        if (err == std::errc{} && end == f[3].data() + f[3].size()) us = std::min(us, earlier);
+    }
+    return std::string(f[0]).append("|").append(f[1]).append("|").append(f[2]).append("|").append(
+        std::to_string(us));
 }
 
 claim_outcome run_claim(claim_port& db, const claim_request& request) {

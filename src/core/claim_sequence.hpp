@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.hpp"
 #include "core/event.hpp"
 #include "core/outbox_rows.hpp"
 #include "core/window_reader.hpp"
@@ -114,6 +115,14 @@ struct claim_outcome {
 // seconds back for want of one. nullopt (the claim statement from the
 // start) when there is no check to keep.
 [[nodiscard]] std::optional<std::string> low_mark_from_start(const std::optional<std::string>& low_mark);
+
+// The low mark of a claim that also reaches back to `since` (events of a
+// watched transaction that began then: core/wake_policy.hpp), whatever its
+// low mark says: "low mark|checked at|floor|since", since in microseconds
+// from the epoch, the earlier one kept when there is one already. A claim
+// from the start (nullopt, or an empty first field) reaches back already.
+[[nodiscard]] std::optional<std::string> low_mark_reaching(const std::optional<std::string>& low_mark,
+                                                           database_time since);
 
 // Runs one claim through `db`. Exceptions from the port propagate (the
 // claim failed; the request's marks are still valid for the next one).

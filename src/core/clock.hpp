@@ -7,6 +7,10 @@
 
 namespace outboxd {
 
+// A time the database server's clock gave (a transaction's start, sent as
+// microseconds since the epoch): compared only with the server's times.
+using database_time = std::chrono::sys_time<std::chrono::microseconds>;
+
 class clock_source {
 public:
     virtual ~clock_source() = default;

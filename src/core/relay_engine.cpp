@@ -161,6 +161,16 @@ void relay_engine::wake_from_start() {
     wake();
 }
 
+void relay_engine::wake_since(database_time since) {
+    if (dispatch_.stopping()) return;
+    if (dispatch_.claiming()) {
+        if (!reach_after_claim_ || since < *reach_after_claim_) reach_after_claim_ = since;
+    } else {
+        low_mark_ = low_mark_reaching(low_mark_, since);
+    }
+    wake();
+}
+
 void relay_engine::start_claim(std::size_t n) {
     if (n == 0) return;
     // While no destination's circuit is closed, what is claimed could only
@@ -345,6 +355,7 @@ void relay_engine::reset_claim_marks(bool watermark_too) {
 }
 
 void relay_engine::apply_resets_after_claim() {
+    if (reach_after_claim_) low_mark_ = low_mark_reaching(low_mark_, *std::exchange(reach_after_claim_, std::nullopt));
     if (reset_after_claim_ == 0) return;
     low_mark_ = low_mark_from_start(low_mark_);
     if (reset_after_claim_ == 2) drain_watermark_.reset();

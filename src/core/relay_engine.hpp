@@ -269,6 +269,9 @@ public:
     // As wake(), with a claim from the beginning of the outbox: a transaction
     // that began a while ago may just have committed (core/wake_policy.hpp).
     void wake_from_start();
+    // As wake(), with a claim that reaches back at least to `since` (a
+    // watched transaction that began then has ended: core/wake_policy.hpp).
+    void wake_since(database_time since);
     void claimed(claim_outcome result);
     void claim_failed(const std::string& why);
     void sent(std::uint64_t send_id, send_result result);
@@ -488,6 +491,8 @@ private:
     // Resets asked for while a claim ran: applied after its outcome, which
     // would otherwise overwrite them (0: none, 1: low mark, 2: both).
     int reset_after_claim_ = 0;
+    // A reach back (wake_since) asked for while a claim ran, likewise.
+    std::optional<database_time> reach_after_claim_;
     steady_time claim_asked_{};
     std::size_t claim_wanted_ = 0;  // the running claim's size
     // Outcome writes finished when the running claim began: if more finish

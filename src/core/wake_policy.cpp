@@ -49,6 +49,7 @@ wake_policy::actions wake_policy::listening(time now) {
         return a;
     }
     state_ = state::settling;
+    settle_from_start_ = true;
     declared_idle_ = true;
     a.declare = true;
     a.read_in_progress = true;
@@ -193,6 +194,7 @@ wake_policy::actions wake_policy::stream_up(time now) {
     // and may not be visible to that claim yet (synchronous replication): its
     // transaction is still in progress, so what is in progress is watched.
     state_ = state::settling;
+    settle_from_start_ = true;
     watch_at_.reset();
     watching_.clear();
     a.read_in_progress = true;
@@ -244,6 +246,8 @@ wake_policy::actions wake_policy::settle(time now) {
     actions a;
     (void)now;
     state_ = state::settling;
+    // Busy until now: its claims' low marks cover what committed meanwhile.
+    settle_from_start_ = false;
     busy_poll_at_.reset();
     declared_idle_ = true;
     a.declare = true;
@@ -320,12 +324,16 @@ wake_policy::actions wake_policy::declared(bool ok, time now) {
     return a;
 }
 
-wake_policy::actions wake_policy::declared_idle(std::string xids, time now) {
+wake_policy::actions wake_policy::declared_idle(std::vector<xact_in_progress> xacts, time now) {
     actions a;
     if (state_ != state::settling) return a;
     transition_ = now;
-    a.claim_from_start = true;
-    watching_ = std::move(xids);
+    if (settle_from_start_) {
+        a.claim_from_start = true;
+    } else {
+        a.claim = true;
+    }
+    watching_ = std::move(xacts);
     if (watching_.empty()) {
         state_ = state::idle;
     } else {
@@ -335,12 +343,44 @@ wake_policy::actions wake_policy::declared_idle(std::string xids, time now) {
     return a;
 }
 
+std::string wake_policy::in_progress() const {
+    std::string xids;
+    for (const auto& x : watching_) xids += (xids.empty() ? "" : ",") + x.xid;
+    return xids;
+}
+
 wake_policy::actions wake_policy::watched(std::string remaining, time now) {
     actions a;
     watch_running_ = false;
     if (state_ != state::watching) return a;
-    if (remaining != watching_) a.claim_from_start = true;  // one of them ended: its events are visible now
-    watching_ = std::move(remaining);
+    // Those that ended: their events are visible now. The claim reaches back
+    // to the earliest start among them that wrote events.
+    const auto still = split_xids(remaining);
+    std::vector<xact_in_progress> left;
+    bool ended = false;
+    bool unknown_start = false;
+    std::optional<database_time> since;
+    for (auto& x : watching_) {
+        if (contains(still, x.xid)) {
+            left.push_back(std::move(x));
+            continue;
+        }
+        ended = true;
+        if (!x.writes_events) continue;
+        if (!x.written_since) {
+            unknown_start = true;
+        } else if (!since || *x.written_since < *since) {
+            since = x.written_since;
+        }
+    }
+    watching_ = std::move(left);
+    if (unknown_start) {
+        a.claim_from_start = true;
+    } else if (since) {
+        a.claim_since = since;
+    } else if (ended) {
+        a.claim = true;
+    }
     if (watching_.empty()) {
         state_ = state::idle;
         return a;

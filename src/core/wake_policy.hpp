@@ -41,16 +41,22 @@
 // empty claims, or three rate windows in a row (100 ms each) under
 // busy_rate, the relay declares itself idle and, once that is committed,
 // reads the transactions in progress (declared_idle): a producer that read
-// "busy" has either committed already (the claim that follows sees it) or is
-// among them. The relay watches them (every watch_interval, slower after
-// watch_slow_after) and claims from the start of the outbox each time one of
-// them ends. So an event whose producer raced the transition is claimed
-// within watch_interval of its commit (watch_slow_interval if it committed
-// more than watch_slow_after after the transition); any other event is
-// notified or found by a busy claim.
+// "busy" has either committed already (the claim that follows sees it, as
+// any claim from the low mark would: see the claim in src/pg/queries.sql) or
+// is among them. The relay watches them (every watch_interval, slower after
+// watch_slow_after) and claims each time one of them ends, reaching back to
+// that transaction's start (from the beginning of the outbox when its start
+// is not known): under a transaction held open elsewhere, a walk from the
+// beginning reads the index entries of every event delivered since it
+// began. So an event whose producer raced the transition is claimed within
+// watch_interval of its commit (watch_slow_interval if it committed more
+// than watch_slow_after after the transition); any other event is notified
+// or found by a busy claim.
 //
 // The same happens after every LISTEN (at startup nothing was declared; after
-// a reconnect the relay may have been busy).
+// a reconnect the relay may have been busy, and notifications were lost
+// while it was away), with the claim at declared_idle from the beginning of
+// the outbox.
 //
 // Self-test (notify and auto): after every LISTEN the shell notifies the
 // channel from another connection. If nothing arrives within
@@ -65,7 +71,22 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.hpp"
+
 namespace outboxd {
+
+// A transaction in progress when the relay declared itself idle (or its WAL
+// stream came up) that may have written an event the relay has not seen
+// (pg::store::transactions_in_progress).
+struct xact_in_progress {
+    std::string xid;
+    // Whether it writes `events` (else only `deliveries`, which every claim
+    // looks at whole).
+    bool writes_events = true;
+    // Its events are due no earlier than this (its start); nullopt: not
+    // known, the claim after its end starts from the beginning of the outbox.
+    std::optional<database_time> written_since;
+};
 
 enum class wake_mode { automatic, notify, poll, wal };
 [[nodiscard]] wake_mode parse_wake_mode(const std::string& text);
@@ -96,6 +117,7 @@ public:
     struct actions {
         bool claim = false;             // engine wake()
         bool claim_from_start = false;  // engine wake_from_start()
+        std::optional<database_time> claim_since;  // engine wake_since(*claim_since)
         std::optional<bool> declare;    // declare_wake(idle = *declare)
         bool read_in_progress = false;  // transactions_in_progress(), then declared_idle()
         bool watch = false;             // still_in_progress(watched()), then watched()
@@ -121,13 +143,14 @@ public:
     actions no_trigger(time now);              // producers' inserts notify nobody
     actions claimed(std::size_t got, bool full, time now);
     actions declared(bool ok, time now);       // a declare_wake came back
-    actions declared_idle(std::string xids, time now);
+    actions declared_idle(std::vector<xact_in_progress> xacts, time now);
     actions watched(std::string remaining, time now);
     actions timer(time now);                   // at next_timer()
 
     // When timer() is due next; nullopt: nothing to wait for.
     [[nodiscard]] std::optional<time> next_timer() const;
-    [[nodiscard]] const std::string& in_progress() const noexcept { return watching_; }
+    // The watched transactions' xids, comma-separated.
+    [[nodiscard]] std::string in_progress() const;
     [[nodiscard]] const std::string& unseen() const noexcept { return checking_; }
     // Observers (tests, logs).
     [[nodiscard]] bool busy() const noexcept { return state_ == state::busy; }
@@ -160,7 +183,8 @@ private:
     std::optional<time> watch_at_;
     time last_found_{};               // busy: the last claim that found something
     time transition_{};               // when the relay declared itself idle
-    std::string watching_;            // xids, comma-separated
+    std::vector<xact_in_progress> watching_;
+    bool settle_from_start_ = false;  // the claim at declared_idle starts from the beginning
     bool watch_running_ = false;
     // events claimed in the current rate window
     time window_start_{};

@@ -49,7 +49,7 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- params: owner, lease_ms
 -- variant claim: :after_watermark = true
 -- variant claim: :outside_drain = true
--- variant claim_from (low_mark, followed): :after_watermark = e.available_at >= coalesce(nullif(split_part($3::text, '|', 1), '')::timestamptz, '-infinity')
+-- variant claim_from (low_mark, followed): :after_watermark = e.available_at >= least(coalesce(nullif(split_part($3::text, '|', 1), '')::timestamptz, '-infinity'), coalesce(to_timestamp(nullif(split_part($3::text, '|', 4), '')::float8 / 1000000), 'infinity'))
 -- variant claim_from: :outside_drain = NOT ($4::boolean AND EXISTS (SELECT 1 FROM claimed))
 -- variant claim_after (watermark_at, watermark_id): :after_watermark = (e.available_at, e.id) > ($3::timestamptz, $4::bigint)
 -- variant claim_after: :outside_drain = false
@@ -116,7 +116,11 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- mark is 5 seconds back. Events whose key was blocked: the relay claims
 -- from the beginning of the index at every sweep and after a keyed event
 -- finished; with a check to hand on, as claim_from with an empty low mark
--- ("|checked at|floor"), else as `claim`. While a long transaction elsewhere holds back vacuum
+-- ("|checked at|floor"), else as `claim`. After a transaction the relay
+-- watched (core/wake_policy.hpp) ended, the relay's next claim also reaches
+-- back to that transaction's start: a fourth field, in microseconds since the
+-- epoch (core/claim_sequence's low_mark_reaching), which this statement
+-- does not hand on. While a long transaction elsewhere holds back vacuum
 -- (and the marking of dead index entries), this keeps each claim from wading
 -- through the entries of every event delivered since that transaction began
 -- (with the check, only those written since the check less 50 ms: tests/pg/
@@ -924,22 +928,64 @@ ON CONFLICT (owner) DO UPDATE SET idle = excluded.idle, until = excluded.until;
 DELETE FROM :"schema".relay_wake WHERE owner = $1;
 
 -- name: transactions_in_progress
--- Every transaction in progress now, by xid. Run right after the relay
--- declared itself idle: a producer that read "busy" before that commit is
--- either committed (the next claim sees its event) or among these.
+-- The transactions in progress now that may have read "busy", by xid, with
+-- how far back their events may be due. Run right after the relay declared
+-- itself idle: a producer that read "busy" before that commit is either
+-- committed (the next claim sees its event) or among these.
 -- A snapshot lists only ids below its xmax (the last completed id plus one):
 -- those at or past it come from the lock each transaction holds on its own
 -- id (32 bits there, widened against xmax).
+-- A producer reads the declaration in its wake-up trigger, after its insert,
+-- so it holds RowExclusiveLock on `events` (or `deliveries`) from before
+-- that read until it ends. pg_locks is read once, consistently (under all
+-- its partition locks), after the declaration committed: a transaction that
+-- holds its id's lock there but no such lock cannot have read "busy" (a
+-- read from now on sees "idle"), and is not listed. Nor is a transaction
+-- that does not write `events` (a long report, a transaction held open
+-- elsewhere): watching it would make the claim at its end look back over
+-- everything since it began, for nothing.
+-- written_since_us: the writer's start (microseconds since the epoch), less
+-- 50 ms for the clocks of two backends; its events are due no earlier
+-- (sql/0013: written at clock_timestamp()). NULL when not known: its
+-- session not visible to our role (pg_read_all_stats), a prepared
+-- transaction (no session), an id that is not its session's own (a
+-- subtransaction's), or a transaction that ended during this statement
+-- (its id's lock gone): the claim after it then starts from the beginning
+-- of the outbox.
 WITH snap AS (SELECT pg_current_snapshot() AS s),
      top AS (SELECT pg_snapshot_xmax(s)::text::bigint AS xmax FROM snap),
-     ahead AS (SELECT top.xmax, ((l.transactionid::text::bigint - top.xmax) % 4294967296 + 4294967296)
-                                % 4294967296 AS d
-               FROM pg_locks l, top
-               WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted)
-SELECT coalesce(string_agg(x::text, ',' ORDER BY x), '') AS xids
-FROM (SELECT x::text::bigint AS x FROM snap, pg_snapshot_xip(snap.s) AS x
-      UNION
-      SELECT xmax + d FROM ahead WHERE d < 2147483648) AS running;
+     locks AS MATERIALIZED (SELECT locktype, mode, granted, transactionid, virtualtransaction, pid, database,
+                                   relation
+                            FROM pg_locks),
+     holders AS (SELECT l.transactionid::text::bigint AS xid32, l.virtualtransaction, l.pid FROM locks l
+                 WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted),
+     ahead AS (SELECT top.xmax, ((h.xid32 - top.xmax) % 4294967296 + 4294967296) % 4294967296 AS d
+               FROM holders h, top),
+     running AS (SELECT x::text::bigint AS x FROM snap, pg_snapshot_xip(snap.s) AS x
+                 UNION
+                 SELECT xmax + d FROM ahead WHERE d < 2147483648),
+     -- the tables' oids from their row types: no name in a literal
+     tables AS (SELECT (SELECT t.typrelid FROM pg_type t
+                        WHERE t.oid = pg_typeof(CAST(NULL AS :"schema".events))) AS events,
+                       (SELECT t.typrelid FROM pg_type t
+                        WHERE t.oid = pg_typeof(CAST(NULL AS :"schema".deliveries))) AS deliveries),
+     writers AS (SELECT l.virtualtransaction, bool_or(l.relation = tables.events) AS events
+                 FROM locks l, tables
+                 WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
+                   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                   AND l.relation IN (tables.events, tables.deliveries)
+                 GROUP BY l.virtualtransaction)
+SELECT r.x::text AS xid,
+       coalesce(w.events, true) AS writes_events,
+       CASE WHEN w.events AND a.xact_start IS NOT NULL
+            THEN (extract(epoch FROM least(a.xact_start, clock_timestamp()) - interval '50 milliseconds')
+                  * 1000000)::bigint END AS written_since_us
+FROM running r
+LEFT JOIN holders h ON h.xid32 = r.x % 4294967296
+LEFT JOIN writers w ON w.virtualtransaction = h.virtualtransaction
+LEFT JOIN pg_stat_get_activity(NULL) a ON a.pid = h.pid AND a.backend_xid::text::bigint = r.x % 4294967296
+WHERE h.virtualtransaction IS NULL OR w.virtualtransaction IS NOT NULL
+ORDER BY r.x;
 
 -- name: still_in_progress
 -- params: xids

@@ -23,6 +23,7 @@
 #include "core/event.hpp"
 #include "core/outbox_rows.hpp"
 #include "core/outcome_batch.hpp"
+#include "core/wake_policy.hpp"
 #include "core/window_safety.hpp"
 #include "pg/named_queries.hpp"
 #include "pg/session.hpp"
@@ -227,9 +228,10 @@ public:
     // or busy, the row counting for `valid`; forgets its declaration.
     void declare_wake(bool idle, std::chrono::milliseconds valid);
     void forget_wake();
-    // xids as comma-separated text: every transaction in progress now, and
-    // those of `xids` still in progress.
-    [[nodiscard]] std::string transactions_in_progress();
+    // The transactions in progress now that write `events` or `deliveries`
+    // (see the statement); those of `xids` (comma-separated) still in
+    // progress, comma-separated.
+    [[nodiscard]] std::vector<xact_in_progress> transactions_in_progress();
     [[nodiscard]] std::string still_in_progress(const std::string& xids);
     // NOTIFY channel (the relay's self-test).
     void notify(const std::string& channel);

@@ -24,11 +24,19 @@ void store::forget_wake() {
     });
 }
 
-std::string store::transactions_in_progress() {
+std::vector<xact_in_progress> store::transactions_in_progress() {
     return session_.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);
-        return exec<q::transactions_in_progress>(tx, queries_).one()[q::transactions_in_progress::col::xids]
-            .as<std::string>();
+        using col = q::transactions_in_progress::col;
+        std::vector<xact_in_progress> xacts;
+        for (const auto& row : exec<q::transactions_in_progress>(tx, queries_)) {
+            xact_in_progress x{row[col::xid].as<std::string>(), row[col::writes_events].as<bool>(), std::nullopt};
+            if (!row[col::written_since_us].is_null()) {
+                x.written_since = database_time(std::chrono::microseconds(row[col::written_since_us].as<std::int64_t>()));
+            }
+            xacts.push_back(std::move(x));
+        }
+        return xacts;
     });
 }
 

@@ -236,7 +236,8 @@ class _Feeder:
         self.stop()
 
 
-@pytest.mark.parametrize("producer", ["read_committed_inserts_before", "repeatable_read_inserts_after"])
+@pytest.mark.parametrize("producer", ["read_committed_inserts_before", "read_committed_inserts_long_before",
+                                      "repeatable_read_inserts_after"])
 def test_auto_mode_claims_promptly_a_commit_that_raced_the_relays_busy_to_idle_transition(
         database_url, db, receiver, relay, producer):
     """A producer's transaction stays open across the relay's busy -> idle
@@ -246,13 +247,18 @@ def test_auto_mode_claims_promptly_a_commit_that_raced_the_relays_busy_to_idle_t
     busy (its trigger did not notify). Only the relay's watch of the
     transactions in progress at its transition finds it.
 
+    read_committed_inserts_long_before: as above, with its event written 6 s
+    before the relay goes idle: further back than a claim's low mark looks
+    (at most 5 s), so the claim at the end of the watched transaction must
+    reach back to that transaction's start (fails with a plain claim there).
+
     repeatable_read_inserts_after: it took its snapshot while the relay was
     busy and inserts only after the relay went idle and read what was in
     progress (it had no transaction id then: the watch cannot see it). Its
     trigger must notify: the declaration is read outside any snapshot
     (sql/0010; before, it read relay_wake in its old snapshot, saw "busy",
     and its event waited for the sweep)."""
-    inserts_before = producer == "read_committed_inserts_before"
+    inserts_before = producer.startswith("read_committed_inserts")
     r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", log_level="info")
     assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
     conn = db.connect()
@@ -265,6 +271,8 @@ def test_auto_mode_claims_promptly_a_commit_that_raced_the_relays_busy_to_idle_t
                 cur.execute("SELECT 1")  # the snapshot
         # Read after, with the feeder still running: busy when the trigger (or snapshot) read it.
         assert _relay_state(db) is False
+        if producer == "read_committed_inserts_long_before":
+            time.sleep(6)
         feeder.stop()
     # The relay drains the feed, finds nothing, declares itself idle.
     assert wait_until(lambda: _relay_state(db) is True, 15), r.log()

@@ -5,6 +5,7 @@
 // PostgreSQL, with real producer transactions held open across claims.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -208,4 +209,26 @@ TEST_CASE("low mark: one whose first field is empty claims from the start of the
     // It rests on the check it was given, and hands it on.
     CHECK(holds(db, part(swept.low_mark, 1), "{} = " + quote_literal(part(checked, 3)) + "::timestamptz"));
     CHECK(part(swept.low_mark, 2) == part(checked, 2));
+}
+
+TEST_CASE("low mark: a fourth field reaches back to that time (a watched transaction's start), and is not handed on") {
+    installed db;
+    auto s = db.store("a");
+    const auto first = s.claim(10, 30s).low_mark;
+    const auto checked = s.claim(10, 30s, std::nullopt, first).low_mark;
+    // Written 10 minutes ago by a transaction that has just committed.
+    pg::new_event e;
+    e.topic = "t";
+    e.payload = R"({"n":1})";
+    const auto old = db.enqueue(e);
+    db.query(fmt::format(
+        "UPDATE {{s}}.events SET available_at = now() - interval '10 minutes' WHERE id = {} RETURNING 1", old));
+    const auto micros = [&](const char* ago) {
+        return db.query(fmt::format("SELECT (extract(epoch FROM now() - interval '{}') * 1000000)::bigint", ago));
+    };
+    CHECK(s.claim(10, 30s, std::nullopt, checked + "|" + micros("9 minutes")).events.empty());
+    const auto reached = s.claim(10, 30s, std::nullopt, checked + "|" + micros("11 minutes"));
+    REQUIRE(reached.events.size() == 1);
+    CHECK(reached.events[0].id == old);
+    CHECK(std::count(reached.low_mark.begin(), reached.low_mark.end(), '|') == 2);
 }

@@ -1309,31 +1309,6 @@ TEST_CASE("the single-row outcome statements, planned while the statistics say t
     in_each_drained_state(run_single_row_case);
 }
 
-TEST_CASE("transactions_in_progress: a transaction that began after the last one completed is in progress too") {
-    // A snapshot's xip lists only ids below its xmax (the last completed id
-    // plus one): a producer whose id came after every completed transaction
-    // is in progress but not in xip. Missing it, the relay would not watch a
-    // producer that read "busy" (auto) or a commit behind the slot (wal).
-    installed db;
-    auto s = db.store("a");
-    (void)s.transactions_in_progress();  // connected before the producer begins
-    auto producer = outboxd::testing::connect();
-    pqxx::work tx(*producer);
-    const auto xid = tx.exec1("SELECT pg_current_xact_id()::text")[0].as<std::string>();
-    const auto listed = s.transactions_in_progress();
-    INFO("xid ", xid, " in progress: '", listed, "'");
-    std::set<std::string> ids;
-    for (std::size_t start = 0; start < listed.size();) {
-        auto end = listed.find(',', start);
-        if (end == std::string::npos) end = listed.size();
-        ids.insert(listed.substr(start, end - start));
-        start = end + 1;
-    }
-    CHECK(ids.contains(xid));
-    CHECK(s.still_in_progress(listed).find(xid) != std::string::npos);
-    tx.abort();
-}
-
 namespace {
 
 // The store's claims as the relay runs them (claim sequence over the store).

@@ -396,4 +396,19 @@ TEST_CASE("claim sequence: a low mark from the start: the check is kept, and wit
     CHECK_FALSE(low_mark_from_start(std::string("a||")));
     CHECK_FALSE(low_mark_from_start(std::string("2026-11-30 00:00:00+00")));
     CHECK_FALSE(low_mark_from_start(std::nullopt));
+    // A reach back (below) is a claim from the start's already.
+    CHECK(low_mark_from_start(std::string("a|b|c|5")) == std::optional<std::string>("|b|c"));
+}
+
+TEST_CASE("claim sequence: a low mark that reaches back to a watched transaction's start keeps the earlier reach") {
+    const outboxd::database_time t5{std::chrono::microseconds(5)};
+    const outboxd::database_time t9{std::chrono::microseconds(9)};
+    CHECK(low_mark_reaching(std::string("a|b|c"), t9) == std::optional<std::string>("a|b|c|9"));
+    CHECK(low_mark_reaching(std::string("a|b|c|9"), t5) == std::optional<std::string>("a|b|c|5"));
+    CHECK(low_mark_reaching(std::string("a|b|c|5"), t9) == std::optional<std::string>("a|b|c|5"));
+    // No check yet: the check's fields stay empty.
+    CHECK(low_mark_reaching(std::string("a"), t9) == std::optional<std::string>("a|||9"));
+    // From the start already: nothing to add.
+    CHECK(low_mark_reaching(std::string("|b|c"), t9) == std::optional<std::string>("|b|c"));
+    CHECK_FALSE(low_mark_reaching(std::nullopt, t9));
 }

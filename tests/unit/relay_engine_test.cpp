@@ -582,6 +582,42 @@ TEST_CASE("relay engine: a claim from the start keeps the writers check its low 
           std::optional<std::string>("|2026-11-30 00:00:04+00|2026-11-30 00:00:03.95+00"));
 }
 
+TEST_CASE("relay engine: after a watched transaction ended, the next claim reaches back to its start, also when "
+          "that is asked for while a claim runs") {
+    harness h(one_destination(2));
+    h.start();
+    const database_time early{std::chrono::microseconds(1'000)};
+    const database_time late{std::chrono::microseconds(2'000)};
+    h.engine.wake_since(late);  // while the first claim runs
+    h.engine.wake_since(early);
+    h.step();
+    CHECK_FALSE(h.has<claim_command>());
+    claim_outcome o;
+    o.low_mark = "L|C|F";
+    o.started = h.clock.now;
+    h.engine.claimed(std::move(o));
+    h.step();
+    CHECK(h.one<claim_command>().request.low_mark == std::optional<std::string>("L|C|F|1000"));
+    // That claim's own low mark does not reach back: the next one does not.
+    claim_outcome p;
+    p.low_mark = "M|C|F";
+    p.started = h.clock.now;
+    h.engine.claimed(std::move(p));
+    h.step();
+    h.engine.wake();
+    h.step();
+    CHECK(h.one<claim_command>().request.low_mark == std::optional<std::string>("M|C|F"));
+    claim_outcome q;
+    q.low_mark = "N|C|F";
+    q.started = h.clock.now;
+    h.engine.claimed(std::move(q));
+    h.step();
+    // No claim running: at once.
+    h.engine.wake_since(late);
+    h.step();
+    CHECK(h.one<claim_command>().request.low_mark == std::optional<std::string>("N|C|F|2000"));
+}
+
 TEST_CASE("relay engine: after a failed claim the next one hands back every lease but those the relay holds") {
     harness h(one_destination(4));
     const auto first = h.start();

@@ -4,11 +4,20 @@
 
 #include <chrono>
 
+using outboxd::database_time;
 using outboxd::wake_mode;
 using outboxd::wake_policy;
+using outboxd::xact_in_progress;
 using namespace std::chrono_literals;
 
 namespace {
+
+// Writers of events whose starts the relay cannot see.
+std::vector<xact_in_progress> starts_unknown(std::initializer_list<const char*> xids) {
+    std::vector<xact_in_progress> out;
+    for (const auto* x : xids) out.push_back({x, true, std::nullopt});
+    return out;
+}
 
 wake_policy::settings auto_settings() {
     wake_policy::settings s;
@@ -23,7 +32,7 @@ wake_policy idle_relay() {
     wake_policy w(auto_settings());
     (void)w.started(t0);
     (void)w.listening(t0);
-    (void)w.declared_idle("", t0);
+    (void)w.declared_idle({}, t0);
     (void)w.notified(t0);  // the self-test came back
     return w;
 }
@@ -38,7 +47,7 @@ TEST_CASE("wake policy: LISTEN declares the relay idle, then reads what is in pr
     REQUIRE(a.declare);
     CHECK(*a.declare);
     CHECK(a.read_in_progress);
-    const auto b = w.declared_idle("101,102", t0 + 1ms);
+    const auto b = w.declared_idle(starts_unknown({"101", "102"}), t0 + 1ms);
     CHECK(b.claim_from_start);
     REQUIRE(w.next_timer());
     CHECK(*w.next_timer() == t0 + 1ms + 10ms);
@@ -52,6 +61,45 @@ TEST_CASE("wake policy: LISTEN declares the relay idle, then reads what is in pr
     (void)w.timer(t0 + 33ms);
     CHECK(w.watched("", t0 + 34ms).claim_from_start);
     CHECK(w.in_progress().empty());
+}
+
+TEST_CASE("wake policy: after a busy spell, the claims at the transition and at a watched writer's end reach back "
+          "only to that writer's start") {
+    // Busy claims' low marks cover what committed while the relay was busy;
+    // a writer still in progress at the transition may have events due from
+    // its start. A walk from the beginning of the outbox would read, under a
+    // transaction held open elsewhere, every event delivered since it began.
+    auto w = idle_relay();
+    (void)w.claimed(40, false, t0 + 1ms);  // busy
+    REQUIRE(w.busy());
+    auto a = w.claimed(0, false, t0 + 200ms);  // settling
+    REQUIRE(a.read_in_progress);
+    const database_time early{std::chrono::seconds(1'000)};
+    const database_time late{std::chrono::seconds(2'000)};
+    a = w.declared_idle({{"7", true, late}, {"8", true, early}, {"9", false, std::nullopt}, {"10", true, std::nullopt}},
+                        t0 + 201ms);
+    CHECK(a.claim);
+    CHECK_FALSE(a.claim_from_start);
+    CHECK_FALSE(a.claim_since);
+    CHECK(w.in_progress() == "7,8,9,10");
+    // 9 wrote only deliveries, which every claim reads whole: a plain claim.
+    REQUIRE(w.timer(t0 + 211ms).watch);
+    a = w.watched("7,8,10", t0 + 212ms);
+    CHECK(a.claim);
+    CHECK_FALSE(a.claim_from_start);
+    CHECK_FALSE(a.claim_since);
+    // 7 and 8 ended together: back to the earlier start of the two.
+    REQUIRE(w.timer(t0 + 222ms).watch);
+    a = w.watched("10", t0 + 223ms);
+    CHECK_FALSE(a.claim_from_start);
+    REQUIRE(a.claim_since);
+    CHECK(*a.claim_since == early);
+    // 10's start is not known: from the beginning.
+    REQUIRE(w.timer(t0 + 233ms).watch);
+    a = w.watched("", t0 + 234ms);
+    CHECK(a.claim_from_start);
+    CHECK(w.in_progress().empty());
+    CHECK_FALSE(w.timer(t0 + 244ms).watch);
 }
 
 TEST_CASE("wake policy: a busy relay declares itself busy and claims back to back, busy_gap apart") {
@@ -129,7 +177,7 @@ TEST_CASE("wake policy: the watch slows down after a second") {
     auto w = idle_relay();
     (void)w.claimed(40, false, t0 + 1ms);
     (void)w.claimed(0, false, t0 + 200ms);
-    (void)w.declared_idle("7", t0 + 200ms);
+    (void)w.declared_idle(starts_unknown({"7"}), t0 + 200ms);
     (void)w.timer(t0 + 210ms);
     (void)w.watched("7", t0 + 1300ms);
     CHECK(*w.next_timer() == t0 + 1400ms);
@@ -139,7 +187,7 @@ TEST_CASE("wake policy: no notification after LISTEN: polling, declared busy, un
     wake_policy w(auto_settings());
     (void)w.started(t0);
     (void)w.listening(t0);
-    (void)w.declared_idle("", t0);
+    (void)w.declared_idle({}, t0);
     const auto a = w.timer(t0 + 2s);
     CHECK(w.polling());
     REQUIRE(a.declare);
@@ -175,7 +223,7 @@ TEST_CASE("wake policy: notify mode stays declared idle however much comes in, a
     wake_policy w(s);
     (void)w.started(t0);
     (void)w.listening(t0);
-    (void)w.declared_idle("", t0);
+    (void)w.declared_idle({}, t0);
     (void)w.notified(t0);
     CHECK_FALSE(w.claimed(1000, true, t0 + 1ms).declare);
     CHECK_FALSE(w.busy());
@@ -359,7 +407,7 @@ TEST_CASE("wake policy: wal mode at stream up reads the transactions in progress
     CHECK(a.claim);
     CHECK(a.read_in_progress);
     CHECK_FALSE(a.declare);  // nothing to declare: no trigger reads it in this mode
-    a = w.declared_idle("900,901", t0 + 2ms);
+    a = w.declared_idle(starts_unknown({"900", "901"}), t0 + 2ms);
     CHECK(a.claim_from_start);
     CHECK(w.in_progress() == "900,901");
     CHECK(*w.next_timer() == t0 + 12ms);
