@@ -162,30 +162,18 @@ TEST_CASE("low mark: a writer whose start the check cannot see (a prepared trans
 TEST_CASE("low mark: a relay whose role may not see a writer's session (no pg_read_all_stats) looks back 5 s while "
           "that writer is in progress") {
     installed db;
-    // A relay role that owns nothing here and is not a member of
-    // pg_read_all_stats: the producers' sessions (of the admin role) show it
-    // no transaction start.
-    const auto role = db.schema.name() + "_relay";
-    const auto r = quote_ident(role);
-    db.query(fmt::format("CREATE ROLE {0} LOGIN; GRANT USAGE ON SCHEMA {{s}} TO {0}; "
-                         "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {{s}} TO {0}; "
-                         "GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{s}} TO {0}; SELECT 1",
-                         r));
-    {
-        const auto url = testing::database_url();
-        pg::store s(url + (url.find('?') == std::string::npos ? "?" : "&") + "user=" + role, db.schema.name(), "a");
-        const auto first = s.claim(10, 30s).low_mark;
-        auto producer_conn = testing::connect();
-        pqxx::work producer(*producer_conn);
-        producer.exec(fmt::format("SELECT {}.enqueue('t', '{{}}')", db.schema.q()));
-        CHECK(part(s.claim(10, 30s, std::nullopt, first).low_mark, 3) == "-infinity");
-        producer.commit();
-        // With no writer but itself, whose session it sees: a floor again.
-        std::this_thread::sleep_for(check_age);
-        const auto checked = s.claim(10, 30s, std::nullopt, first).low_mark;
-        CHECK(holds(db, part(checked, 3), "{} > now() - interval '1 second'"));
-    }
-    db.query(fmt::format("DROP OWNED BY {0}; DROP ROLE {0}; SELECT 1", r));
+    const testing::unprivileged_relay_role role(db);
+    auto s = role.store("a");
+    const auto first = s.claim(10, 30s).low_mark;
+    auto producer_conn = testing::connect();
+    pqxx::work producer(*producer_conn);
+    producer.exec(fmt::format("SELECT {}.enqueue('t', '{{}}')", db.schema.q()));
+    CHECK(part(s.claim(10, 30s, std::nullopt, first).low_mark, 3) == "-infinity");
+    producer.commit();
+    // With no writer but itself, whose session it sees: a floor again.
+    std::this_thread::sleep_for(check_age);
+    const auto checked = s.claim(10, 30s, std::nullopt, first).low_mark;
+    CHECK(holds(db, part(checked, 3), "{} > now() - interval '1 second'"));
 }
 
 TEST_CASE("low mark: one whose first field is empty claims from the start of the index and hands its check on") {

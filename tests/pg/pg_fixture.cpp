@@ -68,6 +68,27 @@ pg::store installed::store(const std::string& owner) const {
     return pg::store(database_url(), schema.name(), owner);
 }
 
+unprivileged_relay_role::unprivileged_relay_role(installed& db) : db_(db), role_(db.schema.name() + "_relay") {
+    db_.query(fmt::format("CREATE ROLE {0} LOGIN; GRANT USAGE ON SCHEMA {{s}} TO {0}; "
+                          "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {{s}} TO {0}; "
+                          "GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{s}} TO {0}; SELECT 1",
+                          quote_ident(role_)));
+}
+
+unprivileged_relay_role::~unprivileged_relay_role() {
+    try {
+        db_.query(fmt::format("DROP OWNED BY {0}; DROP ROLE {0}; SELECT 1", quote_ident(role_)));
+    } catch (const std::exception&) {
+        // A session of the role still open: the scratch schema goes anyway.
+    }
+}
+
+pg::store unprivileged_relay_role::store(const std::string& owner) const {
+    const auto url = database_url();
+    return pg::store(url + (url.find('?') == std::string::npos ? "?" : "&") + "user=" + role_, db_.schema.name(),
+                     owner);
+}
+
 pg::producer installed::producer() const { return pg::producer(database_url(), schema.name()); }
 
 std::int64_t installed::enqueue(const pg::new_event& e) {

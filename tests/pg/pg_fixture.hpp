@@ -69,4 +69,23 @@ private:
     std::unique_ptr<pg::producer> producer_;
 };
 
+// A relay role of its own for `db`'s outbox, dropped afterwards: the
+// privileges config/grants.sql gives a relay, and not pg_read_all_stats,
+// so the producers' sessions (of the admin role) show it no transaction
+// start.
+class unprivileged_relay_role {
+public:
+    explicit unprivileged_relay_role(installed& db);
+    ~unprivileged_relay_role();
+    unprivileged_relay_role(const unprivileged_relay_role&) = delete;
+    unprivileged_relay_role& operator=(const unprivileged_relay_role&) = delete;
+
+    // A relay's store logged in as this role, leasing as `owner`.
+    [[nodiscard]] pg::store store(const std::string& owner) const;
+
+private:
+    installed& db_;
+    std::string role_;
+};
+
 }  // namespace outboxd::testing

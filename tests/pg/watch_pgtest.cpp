@@ -115,31 +115,21 @@ TEST_CASE("watch: a writer whose start cannot be seen is listed with none (the c
         CHECK_FALSE(x->written_since);
     }
     SUBCASE("another role's session, to a relay role without pg_read_all_stats") {
-        const auto role = db.schema.name() + "_relay";
-        const auto r = quote_ident(role);
-        db.query(fmt::format("CREATE ROLE {0} LOGIN; GRANT USAGE ON SCHEMA {{s}} TO {0}; "
-                             "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {{s}} TO {0}; "
-                             "GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{s}} TO {0}; SELECT 1",
-                             r));
-        {
-            const auto url = testing::database_url();
-            pg::store unprivileged(url + (url.find('?') == std::string::npos ? "?" : "&") + "user=" + role,
-                                   db.schema.name(), "a");
-            auto producer_conn = testing::connect();
-            pqxx::work producer(*producer_conn);
-            producer.exec(fmt::format("SELECT {}.enqueue('t', '{{}}')", db.schema.q()));
-            const auto xid = xid_of(producer);
-            const auto listed = unprivileged.transactions_in_progress();
-            const auto* x = find(listed, xid);
-            REQUIRE(x != nullptr);
-            CHECK(x->writes_events);
-            CHECK_FALSE(x->written_since);
-            // The same writer, seen by a relay that may see its session.
-            const auto seen_by_owner = s.transactions_in_progress();
-            const auto* seen = find(seen_by_owner, xid);
-            REQUIRE(seen != nullptr);
-            CHECK(seen->written_since);
-        }
-        db.query(fmt::format("DROP OWNED BY {0}; DROP ROLE {0}; SELECT 1", r));
+        const testing::unprivileged_relay_role role(db);
+        auto unprivileged = role.store("b");
+        auto producer_conn = testing::connect();
+        pqxx::work producer(*producer_conn);
+        producer.exec(fmt::format("SELECT {}.enqueue('t', '{{}}')", db.schema.q()));
+        const auto xid = xid_of(producer);
+        const auto listed = unprivileged.transactions_in_progress();
+        const auto* x = find(listed, xid);
+        REQUIRE(x != nullptr);
+        CHECK(x->writes_events);
+        CHECK_FALSE(x->written_since);
+        // The same writer, seen by a relay that may see its session.
+        const auto seen_by_owner = s.transactions_in_progress();
+        const auto* seen = find(seen_by_owner, xid);
+        REQUIRE(seen != nullptr);
+        CHECK(seen->written_since);
     }
 }
