@@ -234,8 +234,9 @@ wake_policy::actions wake_policy::become_busy(time now) {
     state_ = state::busy;
     last_found_ = now;
     quiet_windows_ = 0;
+    // Still watched, not polled: those that end while the relay is busy are
+    // reached back for at its next transition (declared_idle).
     watch_at_.reset();
-    watching_.clear();
     declared_idle_ = false;
     a.declare = false;
     a.claim = true;
@@ -324,6 +325,24 @@ wake_policy::actions wake_policy::declared(bool ok, time now) {
     return a;
 }
 
+// The claim after some watched transactions ended (their events are visible
+// now): reaching back to the earliest start among them that wrote events.
+wake_policy::actions wake_policy::claim_after(const std::vector<xact_in_progress>& ended) {
+    actions a;
+    std::optional<database_time> since;
+    for (const auto& x : ended) {
+        if (!x.writes_events) continue;
+        if (!x.written_since) {
+            a.claim_from_start = true;
+            return a;
+        }
+        if (!since || *x.written_since < *since) since = x.written_since;
+    }
+    a.claim_since = since;
+    a.claim = !ended.empty() && !since;
+    return a;
+}
+
 wake_policy::actions wake_policy::declared_idle(std::vector<xact_in_progress> xacts, time now) {
     actions a;
     if (state_ != state::settling) return a;
@@ -331,7 +350,15 @@ wake_policy::actions wake_policy::declared_idle(std::vector<xact_in_progress> xa
     if (settle_from_start_) {
         a.claim_from_start = true;
     } else {
-        a.claim = true;
+        // Writers watched at an earlier transition that ended while the relay
+        // was busy: its claims looked back at most 5 s.
+        std::vector<xact_in_progress> ended;
+        for (auto& x : watching_) {
+            const bool still = std::any_of(xacts.begin(), xacts.end(), [&](const auto& y) { return y.xid == x.xid; });
+            if (!still) ended.push_back(std::move(x));
+        }
+        a = claim_after(ended);
+        a.claim = !a.claim_from_start && !a.claim_since;
     }
     watching_ = std::move(xacts);
     if (watching_.empty()) {
@@ -350,37 +377,14 @@ std::string wake_policy::in_progress() const {
 }
 
 wake_policy::actions wake_policy::watched(std::string remaining, time now) {
-    actions a;
     watch_running_ = false;
-    if (state_ != state::watching) return a;
-    // Those that ended: their events are visible now. The claim reaches back
-    // to the earliest start among them that wrote events.
+    if (state_ != state::watching) return {};
     const auto still = split_xids(remaining);
     std::vector<xact_in_progress> left;
-    bool ended = false;
-    bool unknown_start = false;
-    std::optional<database_time> since;
-    for (auto& x : watching_) {
-        if (contains(still, x.xid)) {
-            left.push_back(std::move(x));
-            continue;
-        }
-        ended = true;
-        if (!x.writes_events) continue;
-        if (!x.written_since) {
-            unknown_start = true;
-        } else if (!since || *x.written_since < *since) {
-            since = x.written_since;
-        }
-    }
+    std::vector<xact_in_progress> ended;
+    for (auto& x : watching_) (contains(still, x.xid) ? left : ended).push_back(std::move(x));
     watching_ = std::move(left);
-    if (unknown_start) {
-        a.claim_from_start = true;
-    } else if (since) {
-        a.claim_since = since;
-    } else if (ended) {
-        a.claim = true;
-    }
+    auto a = claim_after(ended);
     if (watching_.empty()) {
         state_ = state::idle;
         return a;

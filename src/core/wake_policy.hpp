@@ -169,6 +169,7 @@ private:
     enum class state { idle, busy, settling, watching };
 
     actions become_busy(time now);
+    actions claim_after(const std::vector<xact_in_progress>& ended);
     actions settle(time now);
     void start_polling(time now);
 

@@ -102,6 +102,27 @@ TEST_CASE("wake policy: after a busy spell, the claims at the transition and at 
     CHECK_FALSE(w.timer(t0 + 244ms).watch);
 }
 
+TEST_CASE("wake policy: a watched writer that ends while the relay is busy again is reached back for at its next "
+          "transition") {
+    // The busy claims look back at most 5 s (their low marks): a writer that
+    // read "busy" before the first transition and commits during the next
+    // busy spell would otherwise wait for the sweep.
+    auto w = idle_relay();
+    const database_time early{std::chrono::seconds(1'000)};
+    (void)w.claimed(40, false, t0 + 1ms);
+    (void)w.claimed(0, false, t0 + 200ms);
+    (void)w.declared_idle({{"7", true, early}, {"8", true, early}}, t0 + 201ms);
+    (void)w.claimed(40, false, t0 + 300ms);  // busy again
+    REQUIRE(w.busy());
+    REQUIRE(w.claimed(0, false, t0 + 500ms).read_in_progress);
+    // 8 is still in progress, 7 ended meanwhile.
+    const auto a = w.declared_idle({{"8", true, early}}, t0 + 501ms);
+    CHECK_FALSE(a.claim_from_start);
+    REQUIRE(a.claim_since);
+    CHECK(*a.claim_since == early);
+    CHECK(w.in_progress() == "8");
+}
+
 TEST_CASE("wake policy: a busy relay declares itself busy and claims back to back, busy_gap apart") {
     auto w = idle_relay();
     CHECK_FALSE(w.claims_back_to_back());
