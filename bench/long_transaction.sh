@@ -17,8 +17,12 @@
 # of its "claimed" debug lines) per 15 s from the start of the hold: median
 # and 90th percentile; then, per 15 s, the mean execution time of the
 # statements that took the most time (pg_stat_statements sampled every
-# 15 s: the window read and the claims alike). Builds nothing (scripts/build.sh first). Removes its
-# cluster on exit.
+# 15 s: the window read and the claims alike); then the claim statements
+# that took 3 ms or more (the server's log_min_duration_statement), by where
+# their walk of the claim index started: from the start of the index, from
+# a low mark, or reaching back to a watched transaction's start (the low
+# mark's fields, see the claim in src/pg/queries.sql). Builds nothing
+# (scripts/build.sh first). Removes its cluster on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hold=${1:-120}
@@ -42,7 +46,7 @@ stop_children() {
 throwaway_pg_start "$pgdir"
 on_exit stop_children
 scripts/pg.sh stop "$pgdir" >/dev/null
-printf "shared_preload_libraries = 'pg_stat_statements'\n" >> "$pgdir/postgresql.conf"
+printf "shared_preload_libraries = 'pg_stat_statements'\nlog_min_duration_statement = 3\n" >> "$pgdir/postgresql.conf"
 url=$(scripts/pg.sh start "$pgdir" | tail -1)
 psql -X -q "$url" -c "CREATE EXTENSION pg_stat_statements"
 build/outboxd migrate --database-url "$url" --schema "$schema" 2>/dev/null
@@ -90,7 +94,7 @@ psql -X "$url" -c "
 wait "$producer" || true
 kill "$sampler" 2>/dev/null || true
 
-/usr/bin/python3 - "$dir" <<'PY'
+/usr/bin/python3 - "$dir" "$pgdir/server.log" <<'PY'
 import datetime, re, sys
 d = sys.argv[1]
 start = float(open(d + "/hold_start").read())
@@ -128,4 +132,29 @@ if samples:
             c0, t0, _ = samples.get(i - 1, {}).get(q, (0, 0.0, ""))
             if c1 > c0:
                 print(f"    {(i - 1) * 15:+4d}..{i * 15:+4d} s  calls {c1 - c0:6d}  mean {(t1 - t0) * 1000 / (c1 - c0):8.0f} us")
+
+# Slow claims (3 ms or more) over the hold, from the server's log: each
+# execute line and the parameters logged after it by the same backend.
+entries = re.split(r"\n(?=\d{4}-\d\d-\d\d )", open(sys.argv[2], errors="replace").read())
+pending, kinds = {}, {}
+for e in entries:
+    m = re.search(r"^(\S+ \S+) UTC \[(\d+)\].*duration: ([0-9.]+) ms  execute (claim\w*)", e)
+    if m:
+        t = datetime.datetime.fromisoformat(m.group(1) + "+00:00").timestamp()
+        if t >= start:
+            pending[m.group(2)] = (float(m.group(3)), m.group(4).rsplit("_", 1)[0])
+        continue
+    m = re.search(r"^\S+ \S+ UTC \[(\d+)\].*DETAIL:\s+parameters:(.*)", e, re.S)
+    if m and m.group(1) in pending:
+        ms, name = pending.pop(m.group(1))
+        mark = re.search(r"\$3 = '([^']*)'", m.group(2)) if name == "claim_from" else None
+        f = mark.group(1).split("|") if mark else [""]
+        kind = name if name != "claim_from" else (
+            "from the start of the index" if not f[0] else
+            "reaching back to a watched transaction" if len(f) > 3 else "from a low mark")
+        kinds.setdefault(kind, []).append(ms)
+print("claim statements of 3 ms or more during the hold, by where they started:")
+for k, v in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
+    v.sort()
+    print(f"  {k}: {len(v)}, median {v[len(v) // 2]:.1f} ms, max {v[-1]:.1f} ms")
 PY
