@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import time
 from typing import Callable, Iterable
@@ -35,6 +36,33 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
         if remaining <= 0:
             return value
         time.sleep(min(interval, remaining))
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A free loopback port for a server the test starts, below the kernel's
+    ephemeral range. A port the kernel hands out (bind to 0) is free only
+    until the server binds it, and any outgoing connection may take it
+    meanwhile as its local port: a NATS cluster node's route dialling a node
+    not yet listening did, and that node failed with "address already in
+    use"."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, max(low, 10001))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port between 10000 and {low}")
 
 
 def closed_port() -> int:

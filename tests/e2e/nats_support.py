@@ -18,15 +18,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from helpers import wait_until
+from helpers import free_port, wait_until
 
 NATS_SERVER = "/usr/sbin/nats-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class NatsError(Exception):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -20,15 +19,9 @@ import pytest
 from psycopg2 import sql
 
 from conftest import Db, install_sql_files
-from helpers import claims_only, two_phase_transaction, wait_delivered, wait_until
+from helpers import claims_only, free_port, two_phase_transaction, wait_delivered, wait_until
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -41,7 +34,7 @@ def pgbouncer(database_url):
     u = urlparse(database_url)
     d = tempfile.mkdtemp(prefix="outboxd-pgbouncer-", dir="/tmp")
     os.chmod(d, 0o755)
-    port = _free_port()
+    port = free_port()
     user = u.username or "postgres"
     with open(os.path.join(d, "users.txt"), "w") as f:
         f.write(f'"{user}" ""\n')
