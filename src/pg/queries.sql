@@ -937,10 +937,14 @@ DELETE FROM :"schema".relay_wake WHERE owner = $1;
 -- id (32 bits there, widened against xmax).
 -- A producer reads the declaration in its wake-up trigger, after its insert,
 -- so it holds RowExclusiveLock on `events` (or `deliveries`) from before
--- that read until it ends. pg_locks is read once, consistently (under all
--- its partition locks), after the declaration committed: a transaction that
--- holds its id's lock there but no such lock cannot have read "busy" (a
--- read from now on sees "idle"), and is not listed. Nor is a transaction
+-- that read until it ends. pg_locks is read once, after the declaration
+-- committed: first each backend's fast-path locks (where such a table lock
+-- usually is), then the main lock table (where each transaction's lock on
+-- its own id is, and a table lock moved out of the fast path). A
+-- transaction whose id's lock is there was running throughout, so a table
+-- lock it took before the declaration committed shows in one of the two
+-- reads. One with no such lock cannot have read "busy" (a read from now on
+-- sees "idle"), and is not listed. Nor is a transaction
 -- that does not write `events` (a long report, a transaction held open
 -- elsewhere): watching it would make the claim at its end look back over
 -- everything since it began, for nothing.
