@@ -31,6 +31,14 @@ const xact_in_progress* find(const std::vector<xact_in_progress>& xacts, const s
     return nullptr;
 }
 
+// How `s` lists `xid` (the test fails when it does not).
+xact_in_progress listed(pg::store& s, const std::string& xid) {
+    const auto all = s.transactions_in_progress();
+    const auto* x = find(all, xid);
+    REQUIRE_MESSAGE(x != nullptr, "transaction ", xid, " is not listed");
+    return *x;
+}
+
 std::string xid_of(pqxx::transaction_base& tx) {
     return tx.exec1("SELECT pg_current_xact_id()::text")[0].as<std::string>();
 }
@@ -58,12 +66,10 @@ TEST_CASE("watch: a writer of events is listed with its start less 50 ms, also o
     producer.exec(fmt::format("SELECT {}.enqueue('t', '{{}}')", db.schema.q()));
     const auto xid = xid_of(producer);
     const auto since = start_less_50ms(producer);
-    const auto listed = s.transactions_in_progress();
-    const auto* x = find(listed, xid);
-    REQUIRE(x != nullptr);
-    CHECK(x->writes_events);
-    REQUIRE(x->written_since);
-    CHECK(*x->written_since == since);
+    const auto x = listed(s, xid);
+    CHECK(x.writes_events);
+    REQUIRE(x.written_since);
+    CHECK(*x.written_since == since);
     CHECK(s.still_in_progress(xid) == xid);
     producer.abort();
     CHECK(s.still_in_progress(xid).empty());
@@ -78,15 +84,15 @@ TEST_CASE("watch: a transaction that writes no outbox table is not listed (it ca
     auto s = db.store("a");
     auto other_conn = testing::connect();
     pqxx::work other(*other_conn);
-    other.exec(fmt::format("CREATE TEMP TABLE elsewhere (n int); INSERT INTO elsewhere VALUES (1)"));
+    other.exec("CREATE TEMP TABLE elsewhere (n int); INSERT INTO elsewhere VALUES (1)");
     const auto other_xid = xid_of(other);
     auto fan_conn = testing::connect();
     pqxx::work fan(*fan_conn);
     fan.exec(fmt::format("INSERT INTO {}.deliveries (event_id, destination) VALUES (1, 'd')", db.schema.q()));
     const auto fan_xid = xid_of(fan);
-    const auto listed = s.transactions_in_progress();
-    CHECK(find(listed, other_xid) == nullptr);
-    const auto* x = find(listed, fan_xid);
+    const auto all = s.transactions_in_progress();
+    CHECK(find(all, other_xid) == nullptr);
+    const auto* x = find(all, fan_xid);
     REQUIRE(x != nullptr);
     CHECK_FALSE(x->writes_events);
     CHECK_FALSE(x->written_since);
@@ -106,10 +112,10 @@ TEST_CASE("watch: a writer whose start cannot be seen is listed with none (the c
             xid = xid_of(producer);
             producer.exec("PREPARE TRANSACTION " + quote_literal(gid));
         }
-        const auto listed = s.transactions_in_progress();
+        const auto all = s.transactions_in_progress();
         auto conn = testing::connect();
         pqxx::nontransaction(*conn).exec("ROLLBACK PREPARED " + quote_literal(gid));
-        const auto* x = find(listed, xid);
+        const auto* x = find(all, xid);
         REQUIRE(x != nullptr);
         CHECK(x->writes_events);
         CHECK_FALSE(x->written_since);
@@ -121,15 +127,10 @@ TEST_CASE("watch: a writer whose start cannot be seen is listed with none (the c
         pqxx::work producer(*producer_conn);
         producer.exec(fmt::format("SELECT {}.enqueue('t', '{{}}')", db.schema.q()));
         const auto xid = xid_of(producer);
-        const auto listed = unprivileged.transactions_in_progress();
-        const auto* x = find(listed, xid);
-        REQUIRE(x != nullptr);
-        CHECK(x->writes_events);
-        CHECK_FALSE(x->written_since);
+        const auto x = listed(unprivileged, xid);
+        CHECK(x.writes_events);
+        CHECK_FALSE(x.written_since);
         // The same writer, seen by a relay that may see its session.
-        const auto seen_by_owner = s.transactions_in_progress();
-        const auto* seen = find(seen_by_owner, xid);
-        REQUIRE(seen != nullptr);
-        CHECK(seen->written_since);
+        CHECK(listed(s, xid).written_since);
     }
 }
