@@ -1142,6 +1142,10 @@ void relay_engine::shed_surplus_cursors() {
 void relay_engine::cursors_taken(std::vector<taken_cursor> cursors, std::size_t share) {
     taking_cursors_ = false;
     cursor_share_ = std::max<std::size_t>(share, 1);
+    // A relay registered since we took ours: the other relay takes the
+    // surplus at its next poll, so hand it over now rather than at our next
+    // tick, a second later.
+    shed_surplus_cursors();
     if (!reader_ || cursors.empty()) {
         maybe_finish();
         return;

@@ -1494,6 +1494,20 @@ TEST_CASE("relay engine, windows: a failed event is parked, and its key's later 
     CHECK(h.engine.windows()->in_flight() == 0);
 }
 
+TEST_CASE("relay engine, windows: a smaller share (another relay registered) hands the surplus over as soon as "
+          "it is known, not at the next tick") {
+    harness h(windows_config(4));
+    (void)start_reading(h);
+    page_returns(h, {});  // the window read nothing: every cursor is at a boundary
+    CHECK_FALSE(h.has<release_cursors_command>());
+    // The answer to a take_cursors_command: nothing free, and two relays alive.
+    h.engine.cursors_taken({}, 32);
+    h.step();
+    const auto release = h.one<release_cursors_command>();
+    CHECK(release.position.slots.size() == 32);
+    CHECK(h.engine.windows()->slots_held() == 32);
+}
+
 TEST_CASE("relay engine, windows: a checkpoint fenced out drops the cursors; shutdown hands the position over") {
     SUBCASE("fenced") {
         harness h(windows_config(4));
