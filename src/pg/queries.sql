@@ -187,6 +187,7 @@ WITH examined AS MATERIALIZED (
     FROM :"schema".events e
     WHERE e.available_at <= now()
       AND :after_watermark
+      AND (e.leased_until IS NULL OR e.leased_until <= now())
     ORDER BY e.available_at, e.id
     LIMIT 4 * :claim_size + 256
 ),
@@ -219,6 +220,7 @@ due AS (
            FROM :"schema".events e
            WHERE :own_walk AND e.available_at <= now()
              AND :after_watermark
+             AND (e.leased_until IS NULL OR e.leased_until <= now())
            ORDER BY e.available_at, e.id
            LIMIT 4 * :claim_size + 256)
           UNION ALL
@@ -254,7 +256,8 @@ run_candidates AS (
         SELECT n.id, n.tid, head.ordering_key, head.id AS head, n.pos
         FROM (SELECT n.id, n.ctid AS tid,
                      row_number() OVER in_order AS pos,
-                     bool_and(n.available_at <= now() AND NOT n.fanned_out) OVER in_order AS unbroken
+                     bool_and(n.available_at <= now() AND NOT n.fanned_out
+                              AND (n.leased_until IS NULL OR n.leased_until <= now())) OVER in_order AS unbroken
               FROM :"schema".events n
               -- The key's events after the head, as a range and an order only
               -- the key index serves (as in the rule above): with
@@ -312,7 +315,12 @@ claimed AS (
     UPDATE :"schema".events e
     SET attempts = e.attempts + 1,
         lease_owner = $1,
-        available_at = now() + $2 * interval '1 millisecond'
+        -- The lease's end in a column no index covers (sql/0014): a
+        -- heap-only update, no index entry; the row keeps its place in the
+        -- claim index, and the walks above pass over it while the lease runs.
+        -- One that ran out is found by a claim from the start of the index
+        -- (the relay's sweep), or handed back with its dead relay's session.
+        leased_until = now() + $2 * interval '1 millisecond'
     -- By ctid, the rows `due` locked: a TID scan, the one plan there is for
     -- this, whatever the (cached, generic) plan believed about the table.
     -- By id, a plan made while the statistics said the table was empty
@@ -369,17 +377,18 @@ LEFT JOIN runs r ON r.id = c.id
 UNION ALL
 -- One more row (id NULL), which fills the columns from next_due_ms on:
 -- milliseconds until the earliest work that is not due yet (a retry, a
--- delayed event, a lease expiring), or NULL; and whether deliveries are due.
+-- delayed event, a delivery's lease expiring; an event's lease is not in
+-- the claim index, see `claimed`), or NULL; and whether deliveries are due.
 -- Computed in the same statement, with the same now() and snapshot
 -- as the claim, so nothing can fall due in a gap between "claim what is due"
 -- and "when is the next one".
 -- Not while draining behind a watermark (:outside_drain is false in
 -- claim_after, and the planner drops the subqueries), nor in a followed
 -- claim_from that leased events (its subqueries never run): the next claim
--- follows at once anyway, and the search wades through the index entries of
--- every lease taken in the last lease period whose event is gone (each lease
--- moved its row's available_at there; the entries stay until vacuum). The
--- claim that ends the drain, or leases nothing, answers it.
+-- follows at once anyway. (Before sql/0014 each lease moved its row's
+-- available_at into the next lease period, and the search waded through
+-- the entries every delivered event left there until vacuum.) The claim
+-- that ends the drain, or leases nothing, answers it.
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- ORDER BY ... LIMIT 1, not min(): the planner does not turn this
        -- min() into a LIMIT 1 scan, and it then read every leased row (each
@@ -625,7 +634,7 @@ WITH retried AS (
     UPDATE :"schema".events
     SET available_at = clock_timestamp() + $4 * interval '1 millisecond',
         last_error = $5,
-        lease_owner = NULL,
+        lease_owner = NULL, leased_until = NULL,
         attempts = $2
     WHERE ctid = $6::tid AND id + 0 = $1
       AND CASE WHEN $7::text IS NULL THEN lease_owner = $3 AND attempts = $2
@@ -687,7 +696,7 @@ RETURNING id;
 -- name followers, which carry no lease (sql/0012).
 WITH events_released AS (
     UPDATE :"schema".events
-    SET available_at = clock_timestamp(), lease_owner = NULL
+    SET available_at = clock_timestamp(), lease_owner = NULL, leased_until = NULL
     WHERE lease_owner = $1
     RETURNING id, ordering_key
 ), deliveries_released AS (
@@ -714,13 +723,13 @@ SELECT event_id FROM deliveries_released;
 -- not hold (keep_*: what it holds, claimed and not yet recorded) was taken
 -- by that claim, for events nobody will send. Handed back due now, the
 -- claim's attempt taken back: no request was made. Without this they wait
--- out the lease, as no takeover frees the leases of a relay that lives.
--- Only leases still running (see take_over_leases). Likewise our key holds
+-- out the lease and the sweep after it, as no takeover frees the leases of
+-- a relay that lives. Only leases still running. Likewise our key holds
 -- whose run the relay does not hold (a hold names its run's last event).
 WITH events_released AS (
     UPDATE :"schema".events
-    SET available_at = clock_timestamp(), lease_owner = NULL, attempts = attempts - 1
-    WHERE lease_owner = $1 AND available_at > now() AND available_at < 'infinity'
+    SET available_at = clock_timestamp(), lease_owner = NULL, leased_until = NULL, attempts = attempts - 1
+    WHERE lease_owner = $1 AND leased_until > now()
       AND id <> ALL ($2::bigint[])
     RETURNING id, ordering_key
 ), deliveries_released AS (
@@ -751,7 +760,7 @@ SELECT event_id FROM deliveries_released;
 -- both indexes find it at once, whatever the statistics say.
 WITH parked AS (
     UPDATE :"schema".events
-    SET fanned_out = true, available_at = 'infinity', lease_owner = NULL, attempts = $2
+    SET fanned_out = true, available_at = 'infinity', lease_owner = NULL, leased_until = NULL, attempts = $2
     WHERE ctid = $4::tid AND id + 0 = $1
       AND CASE WHEN $5::text IS NULL THEN lease_owner = $3 AND attempts = $2
               ELSE lease_owner IS NULL AND attempts = $2 - 1
@@ -1313,7 +1322,7 @@ WITH key_head AS (
     GROUP BY ordering_key, destination
 ), work AS (
     SELECT e.topic, NULL::text AS destination, e.id, e.attempts, e.available_at,
-           (e.lease_owner IS NOT NULL AND e.available_at > now())
+           (e.lease_owner IS NOT NULL AND e.leased_until > now())
                OR (e.lease_owner IS NULL AND e.available_at <= now() AND e.id <= rh.last) AS in_flight,
            e.ordering_key IS NOT NULL AND (e.id > kh.head OR kd.ordering_key IS NOT NULL) AS behind_key,
            e.last_error IS NOT NULL AS has_error
@@ -1482,7 +1491,7 @@ WHERE (event_id, destination) = (
 WITH returned AS (
     UPDATE :"schema".events
     SET available_at = clock_timestamp() + $4 * interval '1 millisecond',
-        lease_owner = NULL,
+        lease_owner = NULL, leased_until = NULL,
         attempts = $2 - 1
     WHERE ctid = $5::tid AND id + 0 = $1
       AND CASE WHEN $6::text IS NULL THEN lease_owner = $3 AND attempts = $2
@@ -1568,18 +1577,21 @@ WHERE pg_try_advisory_xact_lock(lock_key);
 -- like `release` hands back our own, and the relays forgotten. The attempt
 -- number stays: the dead relay may have sent the request (so it counts),
 -- and a late outcome from a relay that was not quite dead is refused by the
--- fencing (lease owner and attempt). Only leases still running
--- (available_at in the future; an expired one is claimable already): that
--- range of the available_at indexes holds leases, retries and delayed
--- events, never the due backlog. owners: the dead relays' lease owners.
+-- fencing (lease owner and attempt). Every row that names a dead owner:
+-- leases that ran out too, which nothing but a claim from the start of the
+-- index (a sweep) would find (sql/0014), and a lease an older relay wrote
+-- into available_at; one that another relay claimed since names that
+-- relay, and every statement that ends a lease clears its owner. The lease
+-- owner is in no index: a scan of the table, once per relay found dead.
+-- owners: the dead relays' lease owners.
 -- Their key holds go by owner: a run's followers carry no lease of their
 -- own (sql/0012), and are free again, untouched, once the hold is gone.
 WITH forgotten AS (
     DELETE FROM :"schema".relays WHERE lease_owner = ANY ($1::text[])
 ), events_released AS (
     UPDATE :"schema".events
-    SET available_at = clock_timestamp(), lease_owner = NULL
-    WHERE lease_owner = ANY ($1::text[]) AND available_at > now() AND available_at < 'infinity'
+    SET available_at = clock_timestamp(), lease_owner = NULL, leased_until = NULL
+    WHERE lease_owner = ANY ($1::text[])
     RETURNING id, ordering_key
 ), deliveries_released AS (
     UPDATE :"schema".deliveries
@@ -1610,7 +1622,7 @@ SELECT event_id FROM unheld;
 -- on the outcome connection. Cheap on a table of millions: the work not yet
 -- delivered (events not fanned out, plus deliveries) is counted up to `cap`
 -- rows of each; how long the oldest due work has been due (available_at
--- <= now(): not leased, or its lease expired; the first entry of the claim
+-- <= now() and no lease running; from the first entries of the claim
 -- index; not a run's follower being sent under its key's live hold,
 -- sql/0012) as `status` counts it; and the schema's migration version.
 -- A window event its slot's cursor has passed is delivered, waiting for
@@ -1632,6 +1644,7 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events e
                    ON e.txid IS NOT NULL AND wc.destination = ''
                   AND wc.slot = :"schema".event_slot(e.ordering_key, e.id)
             WHERE e.available_at <= now()
+              AND (e.leased_until IS NULL OR e.leased_until <= now())
               AND NOT coalesce(pg_visible_in_snapshot(e.txid, wc.snap_a)
                                OR (e.id < wc.done_below AND pg_visible_in_snapshot(e.txid, wc.snap_b)), false)
               AND NOT (e.ordering_key IS NOT NULL AND e.lease_owner IS NULL AND EXISTS (
@@ -1949,7 +1962,7 @@ WITH batch AS MATERIALIZED (
     FROM unnest($2::bigint[], $3::bigint[]) AS b(id, epoch)
     JOIN :"schema".events e ON e.id = b.id
     WHERE NOT e.fanned_out
-      AND NOT (e.lease_owner IS NOT NULL AND e.available_at > now())
+      AND NOT (e.lease_owner IS NOT NULL AND e.leased_until > now())
     ORDER BY e.id
     FOR UPDATE OF e
 ), mine AS MATERIALIZED (
@@ -1967,7 +1980,7 @@ WITH batch AS MATERIALIZED (
          AS o(id, destination, due_ms, attempts, error)
 ), parked AS (
     UPDATE :"schema".events e
-    SET fanned_out = true, available_at = 'infinity', lease_owner = NULL
+    SET fanned_out = true, available_at = 'infinity', lease_owner = NULL, leased_until = NULL
     FROM fenced f
     WHERE e.id = f.id AND f.id IN (SELECT id FROM owed)
 ), owing AS (

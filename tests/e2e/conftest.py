@@ -429,10 +429,12 @@ class Db:
         return event_id
 
     def events(self) -> list:
-        return self.query("SELECT *, available_at <= now() AS due FROM {s}.events ORDER BY id")
+        return self.query("SELECT *, available_at <= now() AND (leased_until IS NULL OR leased_until <= now()) "
+                          "AS due FROM {s}.events ORDER BY id")
 
     def event(self, event_id: int) -> Optional[dict]:
-        rows = self.query("SELECT *, available_at <= now() AS due FROM {s}.events WHERE id = %s",
+        rows = self.query("SELECT *, available_at <= now() AND (leased_until IS NULL OR leased_until <= now()) "
+                          "AS due FROM {s}.events WHERE id = %s",
                           (event_id,))
         return rows[0] if rows else None
 

@@ -373,22 +373,24 @@ def test_relay_whose_lease_expired_cannot_record_over_another_claim(db, relay):
         return 500, {}, b"second attempt fails"
 
     common = ("--lease", "2s", "--request-timeout", "1s", "--connect-timeout", "500ms",
-              "--sweep-interval", "1h", "--retry-base", "1h", "--concurrency", "4")
+              "--retry-base", "1h", "--concurrency", "4")
     rx = Receiver(responder).start()
     a = None
     try:
-        a = relay(rx, *common)
+        a = relay(rx, *common, "--sweep-interval", "1h")
         holder["a"] = a
         event_id = db.enqueue("fence", {"x": 1}, key="fenced")
         assert ledger.wait(lambda l: len(l.arrivals) >= 1, timeout=10), "relay A sent nothing"
         assert wait_until(paused.is_set, 5), "relay A did not stop on SIGSTOP"
 
-        row_a = db.query("SELECT attempts, lease_owner, extract(epoch FROM available_at)::float8 "
+        row_a = db.query("SELECT attempts, lease_owner, extract(epoch FROM leased_until)::float8 "
                          "AS expires FROM {s}.events WHERE id = %s", (event_id,))[0]
         assert row_a["attempts"] == 1 and row_a["lease_owner"], row_a
 
-        # B runs while A is frozen; it must wait for A's lease to expire.
-        b = relay(rx, *common)
+        # B runs while A is frozen; it must wait for A's lease to expire. A
+        # lease that ran out is found by a sweep (sql/0014; A's session
+        # lives, so no takeover): B's runs every second.
+        b = relay(rx, *common, "--sweep-interval", "1s")
         assert ledger.wait(lambda l: len(l.arrivals) >= 2, timeout=15), "relay B never took the event over"
         second = ledger.snapshot()[1]
         assert second.event_id == event_id and second.attempt == 2, second

@@ -71,7 +71,7 @@ def test_events_committed_around_a_postgres_restart_are_all_delivered_and_in_fli
     held = [db.enqueue("held", {"i": i}) for i in range(3)]
     for _ in held:
         assert held_arrived.acquire(timeout=10), f"held deliveries never arrived: {rx.ids()}"
-    leased = db.scalar("SELECT count(*) FROM {s}.events WHERE lease_owner IS NOT NULL AND NOT available_at <= now() "
+    leased = db.scalar("SELECT count(*) FROM {s}.events WHERE lease_owner IS NOT NULL AND leased_until > now() "
                        "AND id = ANY(%s)", (held,))
     assert leased == len(held), f"held events not in flight at the stop: {db.events()}"
     # More right before the stop: some are likely claimed or in flight too.

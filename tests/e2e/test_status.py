@@ -23,10 +23,11 @@ def _status(outboxd, db) -> dict:
 
 
 def _event(db, topic, key=None, due="now()", attempts=0, lease_owner=None, fanned_out=False,
-           created="now()", last_error=None) -> int:
+           created="now()", last_error=None, leased_until="NULL") -> int:
     return db.scalar(
         "INSERT INTO {s}.events (topic, ordering_key, payload, available_at, attempts, lease_owner, fanned_out, "
-        f"created_at, last_error) VALUES (%s, %s, '{{{{}}}}', {due}, %s, %s, %s, {created}, %s) RETURNING id",
+        f"created_at, last_error, leased_until) VALUES (%s, %s, '{{{{}}}}', {due}, %s, %s, %s, {created}, %s, "
+        f"{leased_until}) RETURNING id",
         (topic, key, attempts, lease_owner, fanned_out, last_error))
 
 
@@ -40,7 +41,7 @@ def test_each_status_count_means_one_state(outboxd, db):
     _event(db, "a", created="now() - interval '10 minutes'", due="now() - interval '2 minutes'")
     _event(db, "a")
     _event(db, "later", due="now() + interval '1 hour'", created="now() - interval '3 hours'")
-    _event(db, "fly", attempts=1, lease_owner="relay-x", due="now() + interval '30 seconds'")
+    _event(db, "fly", attempts=1, lease_owner="relay-x", leased_until="now() + interval '30 seconds'")
 
     # Key K: e1 failed at d and retries in an hour; e2 queued behind it at d
     # (fanned out for its key, never attempted); e3 not claimed yet.
@@ -52,7 +53,7 @@ def test_each_status_count_means_one_state(outboxd, db):
 
     # Key R sent as a run: its first event leased, the next two under the
     # key's hold alone (no lease of their own), the fourth behind the run.
-    _event(db, "run", key="R", attempts=1, lease_owner="relay-x", due="now() + interval '30 seconds'")
+    _event(db, "run", key="R", attempts=1, lease_owner="relay-x", leased_until="now() + interval '30 seconds'")
     _event(db, "run", key="R")
     last = _event(db, "run", key="R")
     _event(db, "run", key="R")

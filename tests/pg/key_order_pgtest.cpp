@@ -30,7 +30,7 @@ const std::vector<std::string> destinations{"audit", "hooks"};
 // Events of `key` leased right now (sent straight to their destinations).
 int leased_events(installed& db, const std::string& key) {
     return std::stoi(db.query("SELECT count(*) FROM {s}.events WHERE ordering_key = '" + key +
-                              "' AND lease_owner IS NOT NULL AND available_at > now() AND NOT fanned_out"));
+                              "' AND lease_owner IS NOT NULL AND leased_until > now() AND NOT fanned_out"));
 }
 int leased_deliveries(installed& db, const std::string& key, const std::string& destination) {
     return std::stoi(db.query("SELECT count(*) FROM {s}.deliveries WHERE ordering_key = '" + key +

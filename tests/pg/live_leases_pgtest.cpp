@@ -59,7 +59,7 @@ TEST_CASE("live leases: a relay's leases are not taken over while its session li
         CHECK(t.relays.empty());
         CHECK(t.leases == 0);
     }
-    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner = 'relay-a' AND available_at > now()") == "2");
+    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner = 'relay-a' AND leased_until > now()") == "2");
     CHECK(db.query("SELECT count(*) FROM {s}.key_holds") == "1");
 
     a.disconnect();  // as a kill -9 would: the session ends, nothing else
@@ -91,7 +91,7 @@ TEST_CASE("live leases: a relay that holds no lock (an older outboxd, or live le
     old.disconnect();
     const auto t = peer.take_over_dead_relays();
     CHECK(t.relays.empty());
-    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner = 'relay-old' AND available_at > now()") ==
+    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner = 'relay-old' AND leased_until > now()") ==
           "1");
 }
 
@@ -105,6 +105,29 @@ TEST_CASE("live leases: a relay that lost its connection holds its lock again be
     a.disconnect();
     REQUIRE(a.claim(10, 60s).events.size() == 1);  // on a new session, registered again first
     CHECK(peer.take_over_dead_relays().relays.empty());
-    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner = 'relay-a' AND available_at > now()") == "1");
+    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE lease_owner = 'relay-a' AND leased_until > now()") == "1");
     CHECK(db.query("SELECT count(*) FROM {s}.relays WHERE lease_owner = 'relay-a'") == "1");
+}
+
+TEST_CASE("live leases: a dead relay's lease that already ran out is handed back too, due now") {
+    // Since sql/0014 a lease that ran out stays behind the relays' low marks
+    // (its end is not in the claim index): only a claim from the start of the
+    // index, a sweep, would find it. The takeover hands it back as due now.
+    installed db;
+    auto a = db.store("relay-a");
+    auto peer = db.store("relay-peer");
+    a.bind_leases_to_session();
+    peer.bind_leases_to_session();
+    const auto id = db.enqueue(ev());
+    REQUIRE(a.claim(10, 1ms).events.size() == 1);
+    const auto written = db.query("SELECT available_at::text FROM {s}.events");
+    std::this_thread::sleep_for(5ms);
+    CHECK(db.query("SELECT leased_until <= now() FROM {s}.events") == "t");
+    a.disconnect();
+    const auto t = take_over_within(peer, 5s);
+    REQUIRE(t.relays == std::vector<std::string>{"relay-a"});
+    CHECK(t.leases == 1);
+    // Due as of the takeover: ahead of any low mark a claim had before it.
+    CHECK(db.query("SELECT lease_owner IS NULL AND leased_until IS NULL AND attempts = 1 "
+                   "AND available_at > '" + written + "' FROM {s}.events WHERE id = " + std::to_string(id)) == "t");
 }
