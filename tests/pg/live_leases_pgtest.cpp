@@ -40,14 +40,22 @@ pg::store::takeover take_over_within(pg::store& s, std::chrono::seconds deadline
     }
 }
 
+// relay-a and relay-peer, each with its leases bound to its session.
+struct two_live_relays {
+    installed db;
+    pg::store a = db.store("relay-a");
+    pg::store peer = db.store("relay-peer");
+    two_live_relays() {
+        a.bind_leases_to_session();
+        peer.bind_leases_to_session();
+    }
+};
+
 }  // namespace
 
 TEST_CASE("live leases: a relay's leases are not taken over while its session lives, and are the moment it ends") {
-    installed db;
-    auto a = db.store("relay-a");
-    auto peer = db.store("relay-peer");
-    a.bind_leases_to_session();
-    peer.bind_leases_to_session();
+    two_live_relays r;
+    auto& [db, a, peer] = r;
     const auto keyed = db.enqueue(ev("k"));
     const auto plain = db.enqueue(ev());
     const auto claimed = a.claim(10, 60s);
@@ -96,11 +104,8 @@ TEST_CASE("live leases: a relay that holds no lock (an older outboxd, or live le
 }
 
 TEST_CASE("live leases: a relay that lost its connection holds its lock again before its next claim") {
-    installed db;
-    auto a = db.store("relay-a");
-    auto peer = db.store("relay-peer");
-    a.bind_leases_to_session();
-    peer.bind_leases_to_session();
+    two_live_relays r;
+    auto& [db, a, peer] = r;
     (void)db.enqueue(ev());
     a.disconnect();
     REQUIRE(a.claim(10, 60s).events.size() == 1);  // on a new session, registered again first
@@ -113,11 +118,8 @@ TEST_CASE("live leases: a dead relay's lease that already ran out is handed back
     // Since sql/0014 a lease that ran out stays behind the relays' low marks
     // (its end is not in the claim index): only a claim from the start of the
     // index, a sweep, would find it. The takeover hands it back as due now.
-    installed db;
-    auto a = db.store("relay-a");
-    auto peer = db.store("relay-peer");
-    a.bind_leases_to_session();
-    peer.bind_leases_to_session();
+    two_live_relays r;
+    auto& [db, a, peer] = r;
     const auto id = db.enqueue(ev());
     REQUIRE(a.claim(10, 1ms).events.size() == 1);
     const auto written = db.query("SELECT available_at::text FROM {s}.events");
