@@ -36,7 +36,7 @@ import psycopg2.extras
 import pytest
 from psycopg2 import sql
 
-from helpers import wait_until
+from helpers import suite_reads_windows, wait_until
 from receiver import Receiver
 
 HERE = Path(__file__).resolve().parent
@@ -158,7 +158,7 @@ def outboxd(outboxd_bin):
             pytest.fail(f"outboxd {' '.join(map(str, args))} did not finish within {timeout}s\n"
                         f"stdout: {e.stdout!r}\nstderr: {e.stderr!r}")
         result = CliResult(args, p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
-        if (os.environ.get("OUTBOXD_TEST_CONSUME") == "windows" and "migrate" in argv
+        if (suite_reads_windows() and "migrate" in argv
                 and p.returncode == EXIT_OK):
             # The suite in windows mode: every outbox a test migrates is set
             # up for windows at once, before any event is written (an event
@@ -345,6 +345,11 @@ def schema(make_schema) -> str:
 # --------------------------------------------------------------------------
 # database helper
 # --------------------------------------------------------------------------
+# An event row is due: its time has come and no lease runs (a lease's end is
+# in leased_until since sql/0014).
+EVENT_DUE = "available_at <= now() AND (leased_until IS NULL OR leased_until <= now())"
+
+
 class Db:
     """psycopg2 connection (autocommit off) to one outbox schema, plus helpers.
 
@@ -429,12 +434,10 @@ class Db:
         return event_id
 
     def events(self) -> list:
-        return self.query("SELECT *, available_at <= now() AND (leased_until IS NULL OR leased_until <= now()) "
-                          "AS due FROM {s}.events ORDER BY id")
+        return self.query(f"SELECT *, {EVENT_DUE} AS due FROM {{s}}.events ORDER BY id")
 
     def event(self, event_id: int) -> Optional[dict]:
-        rows = self.query("SELECT *, available_at <= now() AND (leased_until IS NULL OR leased_until <= now()) "
-                          "AS due FROM {s}.events WHERE id = %s",
+        rows = self.query(f"SELECT *, {EVENT_DUE} AS due FROM {{s}}.events WHERE id = %s",
                           (event_id,))
         return rows[0] if rows else None
 

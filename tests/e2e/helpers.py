@@ -13,11 +13,16 @@ import pytest
 from psycopg2 import sql
 
 
+def suite_reads_windows() -> bool:
+    """Whether the suite runs its relays reading windows
+    (OUTBOXD_TEST_CONSUME=windows, see conftest.py)."""
+    return os.environ.get("OUTBOXD_TEST_CONSUME") == "windows"
+
+
 def claims_only(why: str):
     """Marks a test of something only claims have (relay.consume = "claims"):
-    skipped when the suite runs its relays reading windows
-    (OUTBOXD_TEST_CONSUME=windows, see conftest.py)."""
-    return pytest.mark.skipif(os.environ.get("OUTBOXD_TEST_CONSUME") == "windows", reason=why)
+    skipped when the suite runs its relays reading windows."""
+    return pytest.mark.skipif(suite_reads_windows(), reason=why)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05):

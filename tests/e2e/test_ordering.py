@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
 
-from helpers import claims_only, duplicates, wait_delivered, wait_until
+from helpers import claims_only, duplicates, suite_reads_windows, wait_delivered, wait_until
 from receiver import Receiver
 
 
@@ -102,7 +101,7 @@ def test_two_relays_share_one_outbox_without_duplicates(db, relay):
         b = relay(rx.url + "?relay=b", "--concurrency", "4", "--sweep-interval", "1h")
         for r in (a, b):
             assert wait_until(lambda: "relay started" in r.log(), 10), r.log()
-        if os.environ.get("OUTBOXD_TEST_CONSUME") == "windows":
+        if suite_reads_windows():
             # Windows are shared by cursor: the relay that started first holds
             # all 64 until it learns of the second and hands half over (within
             # seconds). Events written before then would all be the first's.
