@@ -8,7 +8,12 @@ Refuses (exit 1) a migration file whose name does not match NNNN_name.sql, a
 duplicate number, a gap in the numbering, a migration from 0004 on that does
 not record itself in schema_migrations as its last statement (see
 record_line; 0001-0003 were published before the rule, and 0004 records
-them), a query block without a name, and duplicate query names.
+them), a query block without a name, duplicate query names, and a fragment
+that is unknown, duplicated or included nowhere.
+
+Fragments: `-- fragment: NAME` starts a block of SQL shared by queries
+(until the next marker), and a line `-- include: NAME` in a query stands for
+its lines, before anything below is read.
 
 Per query, it reads from the SQL (comments and string literals aside):
   * the parameters $1..$n; a query that has any declares their names in a
@@ -35,6 +40,8 @@ import sys
 
 MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 QUERY_MARKER = re.compile(r"^-- name: ([a-z0-9_]+)\s*$")
+FRAGMENT_MARKER = re.compile(r"^-- fragment: ([a-z0-9_]+)\s*$")
+INCLUDE_LINE = re.compile(r"^-- include: ([a-z0-9_]+)\s*$")
 PARAMS_LINE = re.compile(r"^-- params: (.*)$")
 VARIANT_LINE = re.compile(r"^-- variant ([a-z0-9_]+)(?: \(([a-z0-9_, ]+)\))?: :([a-z_][a-z0-9_]*) = (.+)$")
 IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -208,12 +215,26 @@ def check_ident(path, what, name):
 
 def load_queries(path):
     blocks = []
+    fragments = {}
+    shared = None  # the lines of the fragment being read
     for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines():
         marker = QUERY_MARKER.match(line)
         if marker:
             if any(b[0] == marker.group(1) for b in blocks):
                 fail(f"{path}: duplicate query name {marker.group(1)}")
             blocks.append([marker.group(1), [], None, {}])
+            shared = None
+            continue
+        named = FRAGMENT_MARKER.match(line)
+        if named:
+            if named.group(1) in fragments:
+                fail(f"{path}: duplicate fragment name {named.group(1)}")
+            shared = fragments[named.group(1)] = []
+            continue
+        if shared is not None:
+            if INCLUDE_LINE.match(line) or line.startswith("-- variant") or line.startswith("-- params"):
+                fail(f"{path}: a fragment holds SQL only: {line}")
+            shared.append(line)
             continue
         if not blocks:
             if line.strip() and not line.startswith("--"):
@@ -243,13 +264,30 @@ def load_queries(path):
             fail(f"{path}: cannot read this directive of {block[0]}: {line}")
         else:
             block[1].append(line)
+    used = set()
+
+    def expand(name, lines):
+        out = []
+        for line in lines:
+            include = INCLUDE_LINE.match(line)
+            if not include:
+                out.append(line)
+                continue
+            if include.group(1) not in fragments:
+                fail(f"{path}: query {name} includes an unknown fragment {include.group(1)}")
+            used.add(include.group(1))
+            out.extend(fragments[include.group(1)])
+        return out
+
     queries = []
     for name, lines, params, variants in blocks:
-        text = "\n".join(lines).strip()
+        text = "\n".join(expand(name, lines)).strip()
         if not text:
             fail(f"{path}: query {name} is empty")
         queries.append(Query(name, text + "\n", params or [], {
             v: (extras or [], fills) for v, (extras, fills) in variants.items()}))
+    for name in fragments.keys() - used:
+        fail(f"{path}: fragment {name} is included nowhere")
     return queries
 
 

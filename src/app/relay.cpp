@@ -63,8 +63,8 @@ public:
     store_claims(pg::store& store, bool followed) : store_(store), followed_(followed) {}
     claim_result claim_events(std::size_t size, std::chrono::milliseconds lease,
                               const std::optional<claim_watermark>& after,
-                              const std::optional<std::string>& low_mark) override {
-        return store_.claim(size, lease, after, low_mark, followed_);
+                              const std::optional<std::string>& low_mark, bool unkeyed) override {
+        return store_.claim(size, lease, after, low_mark, followed_, unkeyed);
     }
     std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds lease,
                                         std::span<const std::string> destinations) override {

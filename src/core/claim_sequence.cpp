@@ -107,6 +107,34 @@ std::optional<std::string> low_mark_reaching(const std::optional<std::string>& l
         std::to_string(us));
 }
 
+namespace {
+
+// One event claim of `size` from `after` or `low_mark` (see unkeyed_first
+// in claim_sequence.hpp). The full claim after the one without keys takes
+// the rest, rounded down to a claim size; the two together count as full
+// when the second one is.
+claim_result claim_events(claim_port& db, const claim_request& request, std::size_t size,
+                          const std::optional<claim_watermark>& after, const std::optional<std::string>& low_mark,
+                          bool& picked_keyed) {
+    if (!request.unkeyed_first) {
+        auto full = db.claim_events(size, request.lease, after, low_mark, false);
+        picked_keyed = picked_keyed || full.picked_keyed;
+        return full;
+    }
+    auto unkeyed = db.claim_events(size, request.lease, after, low_mark, true);
+    if (!unkeyed.picked_keyed) return unkeyed;
+    picked_keyed = true;
+    // It picked at least one keyed event and leased none of them: rest >= 1.
+    const auto rest = claim_size(size - unkeyed.events.size());
+    auto full = db.claim_events(rest, request.lease, after, low_mark, false);
+    full.picked = full.picked >= rest ? size : unkeyed.events.size() + full.picked;
+    append(unkeyed.events, std::move(full.events));
+    full.events = std::move(unkeyed.events);
+    return full;
+}
+
+}  // namespace
+
 claim_outcome run_claim(claim_port& db, const claim_request& request) {
     if (request.windows) return run_window_claim(db, request);
     claim_outcome out;
@@ -124,7 +152,7 @@ claim_outcome run_claim(claim_port& db, const claim_request& request) {
     if (deliveries_first) out.full = claim_deliveries(db, request, request.wanted, out.events);
     // Events come in prepared sizes (powers of two), at most what is left.
     const auto size = claim_size(request.wanted - out.events.size());
-    auto claimed = db.claim_events(size, request.lease, out.drain_watermark, out.low_mark);
+    auto claimed = claim_events(db, request, size, out.drain_watermark, out.low_mark, out.picked_keyed);
     // Whether the statement that started at or before the low mark took
     // everything due: then its own low mark holds for the next claim.
     bool took_all = claimed.picked < size;
@@ -153,7 +181,7 @@ claim_outcome run_claim(claim_port& db, const claim_request& request) {
                               : out.low_mark;
         out.drain_watermark.reset();
         const auto rest = claim_size(size - claimed.events.size());
-        auto behind = db.claim_events(rest, request.lease, std::nullopt, from);
+        auto behind = claim_events(db, request, rest, std::nullopt, from, out.picked_keyed);
         took_all = behind.picked < rest;
         events_full = rest > 0 && behind.picked >= rest;
         last_picked = behind.last;

@@ -20,7 +20,13 @@
 //     the two statements, and the event claim's next_due counts only what
 //     is not due at its own now());
 //   - deliveries in one statement for the destinations with at least as
-//     many free connections as wanted, one statement each for the others.
+//     many free connections as wanted, one statement each for the others;
+//   - events by the claim without the per-key part while no recent claim
+//     picked a keyed event (the request's unkeyed_first): a small claim's
+//     cost is mostly the start-up of its plan, and that claim's plan is a
+//     fraction of the full one's. When it picked keyed events (it leaves
+//     them as they were), the full claim follows at once, from the same
+//     place, for the rest of the size.
 // Everything the next claim needs travels in the request and the outcome:
 // the claim thread keeps no state of its own.
 
@@ -50,10 +56,13 @@ class claim_port {
 public:
     virtual ~claim_port() = default;
     // Up to `size` due events leased for `lease`; `after`: behind that
-    // watermark only; else `low_mark`: at or after it only.
+    // watermark only; else `low_mark`: at or after it only. `unkeyed`: the
+    // claim without its per-key part, which leases only events without an
+    // ordering key and leaves the keyed ones it picked as they were
+    // (claim_result::picked_keyed).
     [[nodiscard]] virtual claim_result claim_events(std::size_t size, std::chrono::milliseconds lease,
                                                     const std::optional<claim_watermark>& after,
-                                                    const std::optional<std::string>& low_mark) = 0;
+                                                    const std::optional<std::string>& low_mark, bool unkeyed) = 0;
     // Up to `size` due deliveries to these destinations, leased for `lease`.
     [[nodiscard]] virtual std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds lease,
                                                               std::span<const std::string> destinations) = 0;
@@ -86,6 +95,8 @@ struct claim_request {
     // event claim; `window` is the page to read, if one may be read now.
     bool windows = false;
     std::optional<window_read_request> window;
+    // Events by the claim without the per-key part first (see above).
+    bool unkeyed_first = false;
 };
 
 struct claim_outcome {
@@ -101,6 +112,8 @@ struct claim_outcome {
     std::size_t released = 0;
     // The page read, when the request asked for one.
     std::optional<window_page> window;
+    // Whether an event claim picked events with an ordering key.
+    bool picked_keyed = false;
     // When the statements began (by the relay's steady clock): leases run
     // from about then.
     std::chrono::steady_clock::time_point started{};

@@ -114,6 +114,9 @@ struct claim_result {
     // claim's size when it examined its bound of rows without filling up
     // (rows of blocked keys): full too, more may be due behind them.
     std::size_t picked = 0;
+    // Whether it picked events with an ordering key. The claim without the
+    // per-key part (claim_events' `unkeyed`) leaves those as they were.
+    bool picked_keyed = false;
 };
 
 // Claims come in sizes 1, 2, 4, ... 1024, one prepared statement each (see

@@ -195,6 +195,7 @@ void relay_engine::start_claim(std::size_t n) {
         n = std::min(n, probes);
     }
     claim_request request{n, cfg_.lease, {}, deliveries_due_, drain_watermark_, low_mark_, {}, false, {}};
+    request.unkeyed_first = !keys_picked_at_ || now - *keys_picked_at_ >= keyed_claims_for;
     if (claim_answer_unknown_) request.release_all_but = ledger_.held();
     if (reader_) {
         request.windows = true;
@@ -239,6 +240,7 @@ void relay_engine::claimed(claim_outcome result) {
         confirming_ = false;
     }
     deliveries_due_ = result.deliveries_due;
+    if (result.picked_keyed) keys_picked_at_ = clock_.steady();
     drain_watermark_ = std::move(result.drain_watermark);
     low_mark_ = std::move(result.low_mark);
     apply_resets_after_claim();

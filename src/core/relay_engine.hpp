@@ -41,7 +41,11 @@
 // time, sized to the free slots, which include events claimed ahead of
 // their slot while a backlog drains; where the claim starts (drain
 // watermark, low mark) and whether deliveries are due is kept here and sent
-// with each claim (core/claim_sequence.hpp).
+// with each claim (core/claim_sequence.hpp). Events are claimed first by
+// the claim without the per-key part while no claim picked a keyed event
+// for keyed_claims_for; an outbox with keys gets the full claim at once
+// (the unkeyed one that picked keyed events is followed by it) and keeps it
+// while keyed events keep coming.
 //
 // Outcomes: one write at a time; what finishes meanwhile waits in `pending`
 // and goes with the next write. While other deliveries are still in flight,
@@ -488,6 +492,9 @@ private:
     bool deliveries_due_ = true;
     std::optional<claim_watermark> drain_watermark_;
     std::optional<std::string> low_mark_;
+    // When a claim last picked a keyed event; nullopt: never.
+    std::optional<steady_time> keys_picked_at_;
+    static constexpr std::chrono::seconds keyed_claims_for{1};
     // Resets asked for while a claim ran: applied after its outcome, which
     // would otherwise overwrite them (0: none, 1: low mark, 2: both).
     int reset_after_claim_ = 0;

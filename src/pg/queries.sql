@@ -182,15 +182,7 @@ INSERT INTO :"schema".schema_migrations (version, name) VALUES ($1, $2);
 -- A drain's claims fill up, so they gain nothing from sharing the walk, and
 -- keeping a CTE's rows costs ~1 us a row: 7% of a drain's claim time (the
 -- planner drops the branch of the UNION ALL that a constant rules out).
-WITH examined AS MATERIALIZED (
-    SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
-    FROM :"schema".events e
-    WHERE e.available_at <= now()
-      AND :after_watermark
-      AND (e.leased_until IS NULL OR e.leased_until <= now())
-    ORDER BY e.available_at, e.id
-    LIMIT 4 * :claim_size + 256
-),
+-- include: claim_examined
 first_of_keys AS MATERIALIZED (
     SELECT f.id
     FROM (SELECT k.id, k.ordering_key
@@ -216,16 +208,7 @@ first_of_keys AS MATERIALIZED (
 ),
 due AS (
     SELECT locked.id, locked.ctid AS tid, locked.available_at, locked.ordering_key
-    FROM ((SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
-           FROM :"schema".events e
-           WHERE :own_walk AND e.available_at <= now()
-             AND :after_watermark
-             AND (e.leased_until IS NULL OR e.leased_until <= now())
-           ORDER BY e.available_at, e.id
-           LIMIT 4 * :claim_size + 256)
-          UNION ALL
-          SELECT x.id, x.tid, x.available_at, x.ordering_key FROM examined x WHERE NOT :own_walk) AS examined
-    JOIN :"schema".events locked ON locked.ctid = examined.tid
+-- include: claim_walk
     WHERE examined.ordering_key IS NULL
        OR examined.id IN (SELECT id FROM first_of_keys)
     LIMIT :claim_size
@@ -371,10 +354,89 @@ SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts,
        -- a run's follower: the event it is sent after (the run's first)
        r.head AS run_head,
        -- a run's follower: the hold it is sent under (not leased)
-       c.hold
+       c.hold,
+       NULL::boolean AS picked_keyed
 FROM (SELECT * FROM claimed UNION ALL SELECT * FROM followers) AS c
 LEFT JOIN runs r ON r.id = c.id
 UNION ALL
+-- include: claim_report
+
+-- name: claim_unkeyed
+-- params: owner, lease_ms
+-- variant claim_unkeyed: :after_watermark = true
+-- variant claim_unkeyed: :outside_drain = true
+-- variant claim_unkeyed_from (low_mark, followed): :after_watermark = e.available_at >= least(coalesce(nullif(split_part($3::text, '|', 1), '')::timestamptz, '-infinity'), coalesce(to_timestamp(nullif(split_part($3::text, '|', 4), '')::float8 / 1000000), 'infinity'))
+-- variant claim_unkeyed_from: :outside_drain = NOT ($4::boolean AND EXISTS (SELECT 1 FROM claimed))
+-- variant claim_unkeyed_after (watermark_at, watermark_id): :after_watermark = (e.available_at, e.id) > ($3::timestamptz, $4::bigint)
+-- variant claim_unkeyed_after: :outside_drain = false
+-- variant claim_unkeyed: :own_walk = false
+-- variant claim_unkeyed: :low_mark_param = NULL::text
+-- variant claim_unkeyed_from: :low_mark_param = $3::text
+-- variant claim_unkeyed_after: :low_mark_param = NULL::text
+-- variant claim_unkeyed_from: :own_walk = false
+-- variant claim_unkeyed_after: :own_walk = true
+-- The claim without its per-key part (first_of_keys, runs, key holds), for
+-- an outbox whose recent claims picked no event with an ordering key: the
+-- same walk, variants, report row and parameters as `claim`, but it leases
+-- only the events without a key among the rows it picks. Keyed ones it
+-- picked it leaves as they were, and says so (picked_keyed): the relay then
+-- claims again at once with `claim`, from where this one started
+-- (core/claim_sequence.cpp). Most of a small claim's cost is the executor's
+-- start-up and shutdown of its plan, whatever it finds: `claim` has about
+-- 80 plan nodes, and PostgreSQL spent 0.40-0.56 ms executing it on an empty
+-- outbox, 0.19-0.24 ms this one (bench/results/unkeyed-claim-2026-12-03.md);
+-- a relay claims at every notification, and a busy one every few ms.
+-- include: claim_examined
+due AS (
+    SELECT locked.id, locked.ctid AS tid, locked.available_at, locked.ordering_key
+-- include: claim_walk
+    LIMIT :claim_size
+    FOR UPDATE OF locked SKIP LOCKED
+),
+claimed AS (
+    UPDATE :"schema".events e
+    SET attempts = e.attempts + 1,
+        lease_owner = $1,
+        leased_until = now() + $2 * interval '1 millisecond'
+    WHERE e.ctid = ANY (ARRAY(SELECT tid FROM due WHERE ordering_key IS NULL))
+    RETURNING e.id, e.topic, e.ordering_key, e.payload::text AS payload, e.headers::text AS headers, e.attempts,
+              array_to_string(e.destinations, ',') AS destinations, e.created_at, e.ctid::text AS tid
+)
+SELECT c.id, c.topic, c.ordering_key, c.payload, c.headers, c.attempts, false AS key_pending,
+       NULL::bigint AS next_due_ms, NULL::boolean AS deliveries_due, NULL::text AS watermark_at,
+       NULL::bigint AS watermark_id, c.destinations, NULL::text AS low_mark, NULL::bigint AS picked,
+       (extract(epoch FROM now() - c.created_at) * 1000000)::bigint AS age_us, c.tid,
+       NULL::bigint AS run_head, NULL::text AS hold, NULL::boolean AS picked_keyed
+FROM claimed c
+UNION ALL
+-- include: claim_report
+
+-- fragment: claim_examined
+-- The walk of the claim index (claim, claim_unkeyed).
+WITH examined AS MATERIALIZED (
+    SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
+    FROM :"schema".events e
+    WHERE e.available_at <= now()
+      AND :after_watermark
+      AND (e.leased_until IS NULL OR e.leased_until <= now())
+    ORDER BY e.available_at, e.id
+    LIMIT 4 * :claim_size + 256
+),
+
+-- fragment: claim_walk
+-- What `due` picks from (claim, claim_unkeyed).
+    FROM ((SELECT e.id, e.ctid AS tid, e.available_at, e.ordering_key
+           FROM :"schema".events e
+           WHERE :own_walk AND e.available_at <= now()
+             AND :after_watermark
+             AND (e.leased_until IS NULL OR e.leased_until <= now())
+           ORDER BY e.available_at, e.id
+           LIMIT 4 * :claim_size + 256)
+          UNION ALL
+          SELECT x.id, x.tid, x.available_at, x.ordering_key FROM examined x WHERE NOT :own_walk) AS examined
+    JOIN :"schema".events locked ON locked.ctid = examined.tid
+
+-- fragment: claim_report
 -- One more row (id NULL), which fills the columns from next_due_ms on:
 -- milliseconds until the earliest work that is not due yet (a retry, a
 -- delayed event, a delivery's lease expiring; an event's lease is not in
@@ -414,7 +476,10 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        -- that examined its bound, or took as many keys as it may, counts
        -- as full
        CASE WHEN bound.id IS NULL AND NOT capped.cut THEN (SELECT count(*) FROM due) ELSE :claim_size END,
-       NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL,
+       -- whether it picked events with an ordering key (claim_unkeyed leaves
+       -- them as they were)
+       EXISTS (SELECT 1 FROM due WHERE ordering_key IS NOT NULL)
 FROM (SELECT 1) AS one
 CROSS JOIN (SELECT count(*) >= greatest(:claim_size / 4, least(:claim_size, 16)) AS cut
             FROM due WHERE ordering_key IS NOT NULL) AS capped

@@ -106,10 +106,13 @@ public:
     // beginning must follow before late commits and unblocked keys are seen).
     // `followed` (with a low mark): another claim follows at once if this one
     // leases anything; then it does not say when the next one falls due.
+    // `unkeyed`: the claim without its per-key part (claim_unkeyed in
+    // queries.sql), which leases only events without an ordering key and
+    // says whether it picked keyed ones (claim_result::picked_keyed).
     [[nodiscard]] claim_result claim(std::size_t limit, std::chrono::milliseconds lease,
                                      const std::optional<claim_watermark>& after = std::nullopt,
                                      const std::optional<std::string>& low_mark = std::nullopt,
-                                     bool followed = false);
+                                     bool followed = false, bool unkeyed = false);
     // Up to claim_size(limit) due deliveries (event.destination set) to the
     // given destinations only, leased to us.
     [[nodiscard]] std::vector<event> claim_deliveries(std::size_t limit, std::chrono::milliseconds lease,
@@ -369,7 +372,7 @@ public:
     // the delivery claim with its size, and the settings of the session that
     // runs them (plan_once): public for the tests that check the plan
     // PostgreSQL makes of them and race them against open transactions.
-    [[nodiscard]] std::string claim_sql(std::size_t size, claim_from from) const;
+    [[nodiscard]] std::string claim_sql(std::size_t size, claim_from from, bool unkeyed) const;
     [[nodiscard]] std::string claim_deliveries_sql(std::size_t size) const;
     [[nodiscard]] static std::vector<std::string> plan_once_settings();
     // What every relay session (relay_session) runs: public for the tests

@@ -57,6 +57,7 @@ claim_result read_claim(const rows_of<Q>& rows) {
             }
             out.low_mark = row[col::low_mark].c_str();
             out.picked = row[col::picked].template as<std::size_t>();
+            out.picked_keyed = row[col::picked_keyed].template as<bool>();
             continue;
         }
         auto e = read_claimed(row);
@@ -72,19 +73,67 @@ claim_result read_claim(const rows_of<Q>& rows) {
 
 std::string prepared_name(std::string_view query, std::size_t size) { return fmt::format("{}_{}", query, size); }
 
-}  // namespace
+// The event claim's three variants (claim_from), with and without its
+// per-key part.
+struct full_claims {
+    using beginning = q::claim;
+    using low_mark = q::claim_from;
+    using drain_watermark = q::claim_after;
+};
+struct unkeyed_claims {
+    using beginning = q::claim_unkeyed;
+    using low_mark = q::claim_unkeyed_from;
+    using drain_watermark = q::claim_unkeyed_after;
+};
 
-std::string store::claim_sql(std::size_t size, claim_from from) const {
+template <typename Family>
+std::string claim_text(const std::string& schema, std::size_t size, claim_from from,
+                       const std::string& known_destination) {
     const auto limit = fmt::format("{}", size);
     switch (from) {
         case claim_from::low_mark:
-            return q::claim_from::text(schema_, {.claim_size = limit, .known_destination = known_destination_});
+            return Family::low_mark::text(schema, {.claim_size = limit, .known_destination = known_destination});
         case claim_from::drain_watermark:
-            return q::claim_after::text(schema_, {.claim_size = limit, .known_destination = known_destination_});
+            return Family::drain_watermark::text(schema, {.claim_size = limit, .known_destination = known_destination});
         case claim_from::beginning:
             break;
     }
-    return q::claim::text(schema_, {.claim_size = limit, .known_destination = known_destination_});
+    return Family::beginning::text(schema, {.claim_size = limit, .known_destination = known_destination});
+}
+
+template <typename Q>
+std::string_view name_of(claim_from from) {
+    return from == claim_from::low_mark          ? Q::low_mark::name
+           : from == claim_from::drain_watermark ? Q::drain_watermark::name
+                                                 : Q::beginning::name;
+}
+
+// One claim of a family, as a prepared statement or (transaction pooling)
+// with its text.
+template <typename Family>
+claim_result run_claim_of(pqxx::transaction_base& tx, const std::optional<std::string>& text, std::size_t size,
+                          const std::string& owner, long long lease_ms, const std::optional<claim_watermark>& after,
+                          const std::optional<std::string>& low_mark, bool followed) {
+    const auto run = [&]<typename Args>(const Args& args) {
+        return text ? read_claim(exec_params(tx, *text, args))
+                    : read_claim(exec_prepared(tx, prepared_name(query_of<Args>::name, size), args));
+    };
+    if (after) {
+        return run(typename Family::drain_watermark::args{
+            .owner = owner, .lease_ms = lease_ms, .watermark_at = after->available_at, .watermark_id = after->id});
+    }
+    if (low_mark) {
+        return run(typename Family::low_mark::args{
+            .owner = owner, .lease_ms = lease_ms, .low_mark = *low_mark, .followed = followed});
+    }
+    return run(typename Family::beginning::args{.owner = owner, .lease_ms = lease_ms});
+}
+
+}  // namespace
+
+std::string store::claim_sql(std::size_t size, claim_from from, bool unkeyed) const {
+    return unkeyed ? claim_text<unkeyed_claims>(schema_, size, from, known_destination_)
+                   : claim_text<full_claims>(schema_, size, from, known_destination_);
 }
 
 std::string store::claim_deliveries_sql(std::size_t size) const {
@@ -93,42 +142,17 @@ std::string store::claim_deliveries_sql(std::size_t size) const {
 
 claim_result store::claim(std::size_t limit, std::chrono::milliseconds lease,
                           const std::optional<claim_watermark>& after, const std::optional<std::string>& low_mark,
-                          bool followed) {
+                          bool followed, bool unkeyed) {
     return session_.run([&](pqxx::connection& c) {
         hold_session_lock(c);
         pqxx::nontransaction tx(c);
         const auto size = claim_size(limit);
         const auto lease_ms = static_cast<long long>(lease.count());
-        if (transaction_pooling_) {
-            const auto from = after ? claim_from::drain_watermark : low_mark ? claim_from::low_mark : claim_from::beginning;
-            const auto sql = claim_sql(size, from);
-            if (after) {
-                return read_claim(exec_params(tx, sql,
-                                              q::claim_after::args{.owner = owner_,
-                                                                   .lease_ms = lease_ms,
-                                                                   .watermark_at = after->available_at,
-                                                                   .watermark_id = after->id}));
-            }
-            if (low_mark) {
-                return read_claim(exec_params(
-                    tx, sql, q::claim_from::args{.owner = owner_, .lease_ms = lease_ms, .low_mark = *low_mark, .followed = followed}));
-            }
-            return read_claim(exec_params(tx, sql, q::claim::args{.owner = owner_, .lease_ms = lease_ms}));
-        }
-        if (after) {
-            return read_claim(exec_prepared(tx, prepared_name(q::claim_after::name, size),
-                                            q::claim_after::args{.owner = owner_,
-                                                                 .lease_ms = lease_ms,
-                                                                 .watermark_at = after->available_at,
-                                                                 .watermark_id = after->id}));
-        }
-        if (low_mark) {
-            return read_claim(exec_prepared(
-                tx, prepared_name(q::claim_from::name, size),
-                q::claim_from::args{.owner = owner_, .lease_ms = lease_ms, .low_mark = *low_mark, .followed = followed}));
-        }
-        return read_claim(exec_prepared(tx, prepared_name(q::claim::name, size),
-                                        q::claim::args{.owner = owner_, .lease_ms = lease_ms}));
+        const auto from = after ? claim_from::drain_watermark : low_mark ? claim_from::low_mark : claim_from::beginning;
+        // Unprepared behind a transaction pooler (no prepared statements there).
+        const auto text = transaction_pooling_ ? std::optional<std::string>(claim_sql(size, from, unkeyed)) : std::nullopt;
+        return unkeyed ? run_claim_of<unkeyed_claims>(tx, text, size, owner_, lease_ms, after, low_mark, followed)
+                       : run_claim_of<full_claims>(tx, text, size, owner_, lease_ms, after, low_mark, followed);
     });
 }
 
@@ -159,16 +183,18 @@ std::vector<event> store::claim_deliveries(std::size_t limit, std::chrono::milli
 // Size 0 claims nothing and still reports what is due next.
 void store::prepare_claims(pqxx::connection& c) const {
     for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
-        c.prepare(prepared_name(q::claim::name, size), claim_sql(size, claim_from::beginning));
-        c.prepare(prepared_name(q::claim_from::name, size), claim_sql(size, claim_from::low_mark));
-        c.prepare(prepared_name(q::claim_after::name, size), claim_sql(size, claim_from::drain_watermark));
+        for (const auto from : {claim_from::beginning, claim_from::low_mark, claim_from::drain_watermark}) {
+            c.prepare(prepared_name(name_of<full_claims>(from), size), claim_sql(size, from, false));
+            c.prepare(prepared_name(name_of<unkeyed_claims>(from), size), claim_sql(size, from, true));
+        }
         c.prepare(prepared_name(q::claim_deliveries::name, size), claim_deliveries_sql(size));
     }
 }
 
 void store::unprepare_claims(pqxx::connection& c) const {
     for (std::size_t size = 0; size <= largest_claim; size = std::max<std::size_t>(1, size * 2)) {
-        for (const auto name : {q::claim::name, q::claim_from::name, q::claim_after::name, q::claim_deliveries::name}) {
+        for (const auto name : {q::claim::name, q::claim_from::name, q::claim_after::name, q::claim_unkeyed::name,
+                                 q::claim_unkeyed_from::name, q::claim_unkeyed_after::name, q::claim_deliveries::name}) {
             c.unprepare(prepared_name(name, size));
         }
     }

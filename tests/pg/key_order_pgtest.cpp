@@ -92,7 +92,7 @@ TEST_CASE("a replayed older event is not leased while another relay's uncommitte
     REQUIRE(setup.bury({e1, 1}, "poison", 400, ""));
 
     // A claims e2; its snapshot predates the replay of e1.
-    open_claim a(setup.claim_sql(16, pg::claim_from::beginning), "relay-a");
+    open_claim a(setup.claim_sql(16, pg::claim_from::beginning, false), "relay-a");
     REQUIRE(a.result().size() == 2);  // e2 and the extra row
     REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
     // The replay commits e1 back, older than e2.
@@ -123,7 +123,7 @@ TEST_CASE("an older event committed after a newer one is not leased while the ne
     const auto e2 = db.enqueue(ev("k"));
     REQUIRE(e1 < e2);
 
-    open_claim a(b.claim_sql(16, pg::claim_from::beginning), "relay-a");
+    open_claim a(b.claim_sql(16, pg::claim_from::beginning, false), "relay-a");
     REQUIRE(a.result().size() == 2);
     REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
     p1.commit();
@@ -280,7 +280,7 @@ TEST_CASE("a replayed delivery is not leased while another relay's uncommitted c
     REQUIRE(setup.fan_out({e1, 1}, {}, std::vector{pg::dead_delivery{"audit", 1, "HTTP 410", 410, ""}}));
 
     // A claims e2 whole; its snapshot predates the replay of e1@audit.
-    open_claim a(setup.claim_sql(16, pg::claim_from::beginning), "relay-a");
+    open_claim a(setup.claim_sql(16, pg::claim_from::beginning, false), "relay-a");
     REQUIRE(a.result().size() == 2);
     REQUIRE(a.result()[0][0].as<std::int64_t>() == e2);
     REQUIRE(pg::replay_dead(*db.admin, db.schema.name(), {}) == std::vector<std::int64_t>{e1});

@@ -712,6 +712,9 @@ TEST_CASE("the claims' generic plans, made while the outbox was small, never rea
     // of PostgreSQL CPU). This runs each claim, planned on a table of 0, 10
     // and 1,000 rows left over from earlier traffic, against 20,000 due rows,
     // and checks that no step of the plan handled more rows than a claim takes.
+    bool unkeyed = false;
+    SUBCASE("the claim") {}
+    SUBCASE("the claim without keys") { unkeyed = true; }
     for (const int before : {0, 10, 1000}) {
         CAPTURE(before);
         installed db;
@@ -736,9 +739,9 @@ TEST_CASE("the claims' generic plans, made while the outbox was small, never rea
             tx.exec("EXPLAIN EXECUTE " + name +
                     (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity', false)" : "('a', 1, '-infinity', 0)"));
         };
-        prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
-        prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
-        prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
+        prepare("claim", s.claim_sql(128, pg::claim_from::beginning, unkeyed));
+        prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark, unkeyed));
+        prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark, unkeyed));
 
         fill(20000);
         for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity', false)",
@@ -819,6 +822,9 @@ TEST_CASE("the claims' generic plans, made while the statistics say the outbox i
     // the whole index per row claimed (250,000 buffers and ~300 ms a claim
     // of 128 at 100,000 due rows). This plans each claim in that state and
     // runs it against 20,000 due rows.
+    bool unkeyed = false;
+    SUBCASE("the claim") {}
+    SUBCASE("the claim without keys") { unkeyed = true; }
     installed db;
     const auto s = db.store("a");
     auto conn = testing::connect();
@@ -837,9 +843,9 @@ TEST_CASE("the claims' generic plans, made while the statistics say the outbox i
         tx.exec("EXPLAIN EXECUTE " + name +
                 (name == "claim" ? "('a', 1)" : name == "claim_from" ? "('a', 1, '-infinity', false)" : "('a', 1, '-infinity', 0)"));
     };
-    prepare("claim", s.claim_sql(128, pg::claim_from::beginning));
-    prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark));
-    prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark));
+    prepare("claim", s.claim_sql(128, pg::claim_from::beginning, unkeyed));
+    prepare("claim_from", s.claim_sql(128, pg::claim_from::low_mark, unkeyed));
+    prepare("claim_after", s.claim_sql(128, pg::claim_from::drain_watermark, unkeyed));
 
     fill(20000);
     for (const std::string execute : {"EXECUTE claim('a', 30000)", "EXECUTE claim_from('a', 30000, '-infinity', false)",
@@ -871,9 +877,9 @@ TEST_CASE("a claim over a backlog of few keys reads a bounded part of it, not ev
                         "SELECT 't', 'key-' || (g % 10), '{{}}' FROM generate_series(1, 20000) g",
                         db.schema.q()));
     tx.exec(fmt::format("ANALYZE {}.events", db.schema.q()));
-    tx.exec("PREPARE claim AS " + without_semicolon(s.claim_sql(128, pg::claim_from::beginning)));
-    tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(128, pg::claim_from::low_mark)));
-    tx.exec("PREPARE claim_after AS " + without_semicolon(s.claim_sql(128, pg::claim_from::drain_watermark)));
+    tx.exec("PREPARE claim AS " + without_semicolon(s.claim_sql(128, pg::claim_from::beginning, false)));
+    tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(128, pg::claim_from::low_mark, false)));
+    tx.exec("PREPARE claim_after AS " + without_semicolon(s.claim_sql(128, pg::claim_from::drain_watermark, false)));
     const auto explain = [&](const std::string& execute, int leases) {
         CAPTURE(execute);
         tx.exec("BEGIN");
@@ -1027,7 +1033,7 @@ void prepare_claim_from(pqxx::nontransaction& tx, const installed& db, const pg:
     tx.exec(fmt::format("ALTER TABLE {}.events SET (autovacuum_enabled = false)", db.schema.q()));
     for (const auto& setting : pg::store::relay_session_settings()) tx.exec(setting);
     for (const auto& setting : pg::store::plan_once_settings()) tx.exec(setting);
-    tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(16, pg::claim_from::low_mark)));
+    tx.exec("PREPARE claim_from AS " + without_semicolon(s.claim_sql(16, pg::claim_from::low_mark, false)));
 }
 
 // 5,000 events written and delivered in the last 4 s; their rows scattered
@@ -1351,9 +1357,9 @@ public:
     explicit store_port(pg::store& s) : s_(s) {}
     claim_result claim_events(std::size_t size, std::chrono::milliseconds lease,
                               const std::optional<claim_watermark>& after,
-                              const std::optional<std::string>& low_mark) override {
+                              const std::optional<std::string>& low_mark, bool unkeyed) override {
         ++claims;
-        return s_.claim(size, lease, after, low_mark);
+        return s_.claim(size, lease, after, low_mark, false, unkeyed);
     }
     std::vector<event> claim_deliveries(std::size_t size, std::chrono::milliseconds lease,
                                         std::span<const std::string> destinations) override {
@@ -1509,4 +1515,99 @@ TEST_CASE("a claim that took as many keys as it may sets its watermark at its la
     std::vector<std::int64_t> expected;
     for (std::int64_t id = 33; id <= 63; id += 2) expected.push_back(id);
     CHECK(heads == expected);
+}
+
+TEST_CASE("the claim without keys leases only the events without an ordering key, leaves the keyed ones it "
+          "picked as they were, and says it picked them") {
+    installed db;
+    auto s = db.store("a");
+    CHECK(db.query("WITH w AS (INSERT INTO {s}.events (topic, ordering_key, payload) VALUES "
+                   "('t', NULL, '{{}}'), ('t', NULL, '{{}}'), ('t', 'k', '{{}}'), ('t', 'k', '{{}}'), ('t', NULL, '{{}}') "
+                   "RETURNING 1) SELECT count(*) FROM w") == "5");
+    const auto unkeyed = s.claim(16, 30s, std::nullopt, std::nullopt, false, true);
+    std::vector<std::int64_t> ids;
+    for (const auto& e : unkeyed.events) ids.push_back(e.id);
+    std::sort(ids.begin(), ids.end());
+    CHECK(ids == std::vector<std::int64_t>{1, 2, 5});
+    CHECK(unkeyed.picked_keyed);
+    CHECK(unkeyed.picked == 5);
+    // The keyed ones: no lease, no attempt, no hold.
+    CHECK(db.query("SELECT count(*) FROM {s}.events WHERE ordering_key IS NOT NULL AND lease_owner IS NULL "
+                   "AND leased_until IS NULL AND attempts = 0") == "2");
+    CHECK(db.query("SELECT count(*) FROM {s}.key_holds") == "0");
+
+    // The full claim from the same place takes the key's first event and its run.
+    const auto full = s.claim(16, 30s);
+    ids.clear();
+    for (const auto& e : full.events) ids.push_back(e.id);
+    std::sort(ids.begin(), ids.end());
+    CHECK(ids == std::vector<std::int64_t>{3, 4});
+    CHECK(full.picked_keyed);
+
+    // Delivered (deleted, the key's hold dropped, as their outcomes do):
+    // nothing keyed left to pick.
+    CHECK(db.query("WITH d AS (DELETE FROM {s}.events WHERE id IN (3, 4) RETURNING 1) SELECT count(*) FROM d") == "2");
+    CHECK(db.query("WITH d AS (DELETE FROM {s}.key_holds RETURNING 1) SELECT count(*) FROM d") == "1");
+    CHECK(db.query("INSERT INTO {s}.events (topic, payload) VALUES ('t', '{{}}') RETURNING id") == "6");
+    const auto again = s.claim(16, 30s, std::nullopt, std::nullopt, false, true);
+    REQUIRE(again.events.size() == 1);
+    CHECK(again.events[0].id == 6);
+    CHECK_FALSE(again.picked_keyed);
+}
+
+TEST_CASE("claims that go first without keys take a mixed backlog whole, each key in order") {
+    // 600 events, every fourth without a key, the others over 3 keys. The
+    // relay's claims (run_claim over the store) with unkeyed_first, as an
+    // outbox that has not shown a keyed event for a second claims: the
+    // claim without keys picks keyed rows at once, and the full claim that
+    // follows takes the keys' first events with their runs.
+    installed db;
+    auto s = db.store("a");
+    insert_backlog(db, "CASE WHEN g % 4 = 0 THEN NULL ELSE 'key-' || (g % 3) END", 600);
+    store_port port(s);
+    auto r = claim_of(64);
+    r.unkeyed_first = true;
+    std::map<std::string, std::vector<std::int64_t>> by_key;
+    std::size_t unkeyed = 0;
+    std::size_t total = 0;
+    bool picked_keyed = false;
+    for (int claim = 0; claim < 200 && total < 600; ++claim) {
+        const auto out = run_claim(port, r);
+        picked_keyed = picked_keyed || out.picked_keyed;
+        std::vector<std::string> got;
+        std::map<std::string, std::vector<std::int64_t>> this_claim;  // a claim's rows come in no order
+        for (const auto& e : out.events) {
+            got.push_back(std::to_string(e.id));
+            if (e.ordering_key) {
+                this_claim[*e.ordering_key].push_back(e.id);
+            } else {
+                ++unkeyed;
+            }
+        }
+        for (auto& [key, ids] : this_claim) {
+            std::sort(ids.begin(), ids.end());
+            by_key[key].insert(by_key[key].end(), ids.begin(), ids.end());
+        }
+        total += out.events.size();
+        // Delivered before the next claim: deleted, the keys' holds dropped
+        // (as the outcomes do), and the next claim from the start of the
+        // index once this one took all it could (as after a keyed event
+        // finished).
+        if (!got.empty()) {
+            CHECK(db.query(fmt::format("WITH d AS (DELETE FROM {{s}}.events WHERE id IN ({}) RETURNING 1) "
+                                       "SELECT count(*) FROM d",
+                                       fmt::join(got, ","))) == std::to_string(got.size()));
+        }
+        db.query("WITH d AS (DELETE FROM {s}.key_holds RETURNING 1) SELECT count(*) FROM d");
+        r.drain_watermark = out.drain_watermark;
+        r.low_mark.reset();
+    }
+    CHECK(picked_keyed);
+    CHECK(unkeyed == 150);
+    CHECK(by_key.size() == 3);
+    for (const auto& [key, ids] : by_key) {
+        CAPTURE(key);
+        CHECK(ids.size() == 150);
+        CHECK(std::is_sorted(ids.begin(), ids.end()));  // no claim took a key's event before an earlier one's
+    }
 }

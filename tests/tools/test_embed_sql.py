@@ -71,3 +71,51 @@ def test_a_query_that_does_not_match_its_description_fails_the_build(tmp_path, s
     rc, err, _ = embed(tmp_path, "-- name: q\n" + sql + "\n")
     assert rc == 1
     assert message in err
+
+
+def test_a_fragment_is_included_where_a_query_names_it(tmp_path):
+    rc, err, header = embed(tmp_path, """-- name: a
+SELECT id,
+-- include: tail
+
+-- name: b
+SELECT id, owner,
+-- include: tail
+
+-- fragment: tail
+-- the columns both share, and their table
+       $1::text AS note FROM :"schema".events WHERE id > :floor;
+""")
+    assert rc == 1  # $1 needs a name in each query that includes it
+    assert "query a: uses $1 but declares no name for it" in err
+    rc, err, header = embed(tmp_path, """-- name: a
+-- params: note
+SELECT id,
+-- include: tail
+
+-- name: b
+-- params: note
+SELECT id, owner,
+-- include: tail
+
+-- fragment: tail
+       $1::text AS note FROM :"schema".events WHERE id > :floor;
+""")
+    assert rc == 0, err
+    assert "enum class col : int { id, note };" in header
+    assert "enum class col : int { id, owner, note };" in header
+    assert header.count("fragment floor;") == 2
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("-- name: q\n-- include: nowhere\nSELECT 1 AS one;\n", "query q includes an unknown fragment nowhere"),
+    ("-- name: q\nSELECT 1 AS one;\n-- fragment: spare\nSELECT 2;\n", "fragment spare is included nowhere"),
+    ("-- name: q\n-- include: f\n-- fragment: f\nSELECT 1 AS one;\n-- fragment: f\nSELECT 2;\n",
+     "duplicate fragment name f"),
+    ("-- name: q\n-- include: f\n-- fragment: f\n-- variant q: :x = 1\nSELECT 1 AS one;\n",
+     "a fragment holds SQL only"),
+])
+def test_a_fragment_that_is_unknown_unused_twice_or_not_sql_fails_the_build(tmp_path, sql, message):
+    rc, err, _ = embed(tmp_path, sql)
+    assert rc == 1
+    assert message in err

@@ -25,8 +25,8 @@ struct call {
 class scripted_port final : public claim_port {
 public:
     claim_result claim_events(std::size_t size, std::chrono::milliseconds, const std::optional<claim_watermark>& after,
-                              const std::optional<std::string>& low_mark) override {
-        calls.push_back({"events", size, after, low_mark});
+                              const std::optional<std::string>& low_mark, bool unkeyed) override {
+        calls.push_back({unkeyed ? "unkeyed events" : "events", size, after, low_mark});
         REQUIRE_FALSE(event_answers.empty());
         auto r = std::move(event_answers.front());
         event_answers.pop_front();
@@ -83,6 +83,13 @@ claim_request request(std::size_t wanted) {
     r.lease = 30s;
     r.open_destinations = {{"a", 64}};
     r.deliveries_due = false;
+    return r;
+}
+
+// A claim that goes first without the per-key part.
+claim_request unkeyed_first(std::size_t wanted) {
+    auto r = request(wanted);
+    r.unkeyed_first = true;
     return r;
 }
 
@@ -411,4 +418,80 @@ TEST_CASE("claim sequence: a low mark that reaches back to a watched transaction
     // From the start already: nothing to add.
     CHECK(low_mark_reaching(std::string("|b|c"), t9) == std::optional<std::string>("|b|c"));
     CHECK_FALSE(low_mark_reaching(std::nullopt, t9));
+}
+
+TEST_CASE("claim sequence: the claim without keys answers alone while it picks no keyed event") {
+    scripted_port db;
+    db.event_answers = {picked(1, 3, "low-2")};
+    auto r = unkeyed_first(8);
+    r.low_mark = "low-1";
+    const auto out = run_claim(db, r);
+    REQUIRE(db.calls.size() == 1);
+    CHECK(db.calls[0].what == "unkeyed events");
+    CHECK(db.calls[0].size == 8);
+    CHECK(out.events.size() == 3);
+    CHECK_FALSE(out.full);
+    CHECK_FALSE(out.picked_keyed);
+    CHECK(out.low_mark == "low-2");
+}
+
+TEST_CASE("claim sequence: a claim without keys that picked keyed events is followed at once by the full claim, "
+          "from the same place, for the rest") {
+    // It picked 8 rows and leased the 5 without a key; the keyed ones it
+    // left as they were are the full claim's, which may take 2 (the rest,
+    // 3, as a claim size).
+    const auto unkeyed_answer = [] {
+        auto a = picked(1, 5, "low-unkeyed");
+        a.picked = 8;
+        a.picked_keyed = true;
+        return a;
+    };
+    SUBCASE("the full claim fills the rest: the two count as full, a drain starts behind the second") {
+        scripted_port db;
+        db.event_answers = {unkeyed_answer(), picked(6, 2, "low-full")};
+        auto r = unkeyed_first(8);
+        r.low_mark = "low-1";
+        const auto out = run_claim(db, r);
+        REQUIRE(db.calls.size() == 2);
+        CHECK(db.calls[0].what == "unkeyed events");
+        CHECK(db.calls[1].what == "events");
+        CHECK(db.calls[1].size == 2);
+        CHECK(db.calls[1].low_mark == "low-1");
+        CHECK_FALSE(db.calls[1].after);
+        CHECK(out.events.size() == 7);
+        CHECK(out.picked_keyed);
+        CHECK(out.full);
+        REQUIRE(out.drain_watermark);
+        CHECK(out.drain_watermark->id == 7);
+    }
+    SUBCASE("the full claim took all it found: not full, its low mark for the next claim") {
+        scripted_port db;
+        db.event_answers = {unkeyed_answer(), picked(6, 1, "low-full"), picked(7, 0, "low-behind")};
+        auto r = unkeyed_first(8);
+        r.drain_watermark = claim_watermark{"t", 0};
+        const auto out = run_claim(db, r);
+        // The drain ends: the look behind it for late commits goes through
+        // the same two claims (the first one answering alone here).
+        REQUIRE(db.calls.size() == 3);
+        CHECK(db.calls[1].what == "events");
+        REQUIRE(db.calls[1].after);
+        CHECK(db.calls[1].after->id == 0);
+        CHECK(db.calls[2].what == "unkeyed events");
+        CHECK(db.calls[2].size == 2);
+        CHECK_FALSE(db.calls[2].after);
+        CHECK(out.events.size() == 6);
+        CHECK_FALSE(out.full);
+        CHECK_FALSE(out.drain_watermark);
+        CHECK(out.picked_keyed);
+        CHECK(out.low_mark == "low-behind");
+    }
+}
+
+TEST_CASE("claim sequence: without unkeyed_first every event claim is the full one") {
+    scripted_port db;
+    db.event_answers = {picked(1, 2)};
+    const auto out = run_claim(db, request(8));
+    REQUIRE(db.calls.size() == 1);
+    CHECK(db.calls[0].what == "events");
+    CHECK_FALSE(out.picked_keyed);
 }

@@ -1701,3 +1701,31 @@ TEST_CASE("relay engine: handing a run's rest back frees its slots for the claim
     h.step();
     CHECK(h.has<claim_command>());
 }
+
+TEST_CASE("relay engine: events are claimed without the per-key part until a claim picks a keyed event, then "
+          "with it for a second after the last one that did") {
+    harness h(one_destination(4));
+    const auto first = h.start();
+    CHECK(first.request.unkeyed_first);
+    const auto claim_comes_back = [&](bool picked_keyed) {
+        claim_outcome o;
+        o.picked_keyed = picked_keyed;
+        o.started = h.clock.now;
+        o.done = h.clock.now;
+        h.engine.claimed(std::move(o));
+        h.step();
+    };
+    const auto next_claim = [&] {
+        h.engine.wake();
+        h.step();
+        return h.one<claim_command>().request.unkeyed_first;
+    };
+    claim_comes_back(true);
+    CHECK_FALSE(next_claim());
+    h.clock.advance(900ms);
+    claim_comes_back(false);
+    CHECK_FALSE(next_claim());
+    h.clock.advance(100ms);
+    claim_comes_back(false);
+    CHECK(next_claim());
+}
