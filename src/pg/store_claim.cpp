@@ -101,11 +101,11 @@ std::string claim_text(const std::string& schema, std::size_t size, claim_from f
     return Family::beginning::text(schema, {.claim_size = limit, .known_destination = known_destination});
 }
 
-template <typename Q>
+template <typename Family>
 std::string_view name_of(claim_from from) {
-    return from == claim_from::low_mark          ? Q::low_mark::name
-           : from == claim_from::drain_watermark ? Q::drain_watermark::name
-                                                 : Q::beginning::name;
+    return from == claim_from::low_mark          ? Family::low_mark::name
+           : from == claim_from::drain_watermark ? Family::drain_watermark::name
+                                                 : Family::beginning::name;
 }
 
 // One claim of a family, as a prepared statement or (transaction pooling)

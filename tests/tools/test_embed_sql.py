@@ -119,3 +119,17 @@ def test_a_fragment_that_is_unknown_unused_twice_or_not_sql_fails_the_build(tmp_
     rc, err, _ = embed(tmp_path, sql)
     assert rc == 1
     assert message in err
+
+
+def test_the_claim_without_keys_starts_where_the_claim_does_in_each_variant():
+    # claim_unkeyed repeats the claim's variant lines under its own names
+    # (a fragment holds SQL only); the relay follows one with the other
+    # from the same place, so they must agree on where each variant starts.
+    sys.path.insert(0, str(TOOL.parent))
+    import embed_sql
+    queries = {q.name: q for q in embed_sql.load_queries(ROOT / "src" / "pg" / "queries.sql")}
+    full, unkeyed = queries["claim"], queries["claim_unkeyed"]
+    assert unkeyed.params == full.params
+    assert sorted(unkeyed.variants) == sorted(v.replace("claim", "claim_unkeyed", 1) for v in full.variants)
+    for name, (extras, fills) in full.variants.items():
+        assert unkeyed.variants[name.replace("claim", "claim_unkeyed", 1)] == (extras, fills), name
