@@ -7,8 +7,8 @@
 bench/producer_load.sh says what each wake mode costs producers, in commits/s
 and in CPU a commit for the machine as a whole; this says whose CPU it is.
 A durable throwaway cluster and pgbench with the same transaction (one
-business row plus `outbox.enqueue`). Per mode, from 2 s into a 12 s run,
-8 s of CPU ticks of every process, by class: the producers' backends
+business row plus `outbox.enqueue`). Per mode, from 1 s after
+every client connected, 8 s of CPU ticks of every process, by class: the producers' backends
 (application name pgbench), pgbench itself, the relay and its backends,
 PostgreSQL's other processes. Printed per round, as µs of CPU a commit.
 
@@ -19,6 +19,8 @@ poll-live and auto-live (a relay with relay.wake = poll / auto, stdout sink);
 poll-live-trigger (poll-live with the wake-up trigger installed: producers
 pay its WHEN clause, as beside a busy `auto` relay, and the relay claims
 every 500 ms).
+--perf DIR: `perf record -g` of the producers' backends for 6 s of each
+measurement, to DIR/MODE-rROUND.data.
 Uses build/outboxd, or $OUTBOXD_BIN. Builds nothing; removes its cluster.
 """
 import argparse
@@ -99,7 +101,11 @@ def start_helper(mode, cluster, outboxd):
     return None, None
 
 
-def run_mode(mode, cluster, outboxd, script, clients):
+def producer_pids(cluster):
+    return cluster.psql("SELECT string_agg(pid::text, ',') FROM pg_stat_activity WHERE application_name = 'pgbench'")
+
+
+def run_mode(mode, cluster, outboxd, script, clients, perf_to=None):
     cluster.psql("TRUNCATE bench_orders, outbox.events, outbox.deliveries, outbox.relay_wake")
     # poll: no trigger; auto: the trigger (which, with no relay declared
     # idle, never notifies: poll-live-trigger pays its WHEN clause alone)
@@ -109,15 +115,25 @@ def run_mode(mode, cluster, outboxd, script, clients):
     helper, helper_class = start_helper(mode, cluster, outboxd)
     try:
         cluster.psql("CHECKPOINT")
-        bench = subprocess.Popen([PGBENCH, "-n", "-f", script, "-c", str(clients), "-j", "4", "-T", "12", cluster.url],
+        bench = subprocess.Popen([PGBENCH, "-n", "-f", script, "-c", str(clients), "-j", "4", "-T", "30", cluster.url],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         extra = {bench.pid: "pgbench"}
         if helper:
             extra[helper.pid] = helper_class
-        time.sleep(2)  # past the start: every client connected
+        # past the start: every client connected (on a slow machine 32
+        # connections can take longer than the 2 s this once waited)
+        for _ in range(100):
+            if int(cluster.psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgbench'")) >= clients:
+                break
+            time.sleep(0.1)
+        time.sleep(1)
         n0, before, t0 = int(cluster.psql("SELECT count(*) FROM bench_orders")), cluster.cpu_by_class(extra), time.time()
+        if perf_to:  # where the producers' backends spend it (perf raises everyone's CPU alike)
+            subprocess.Popen(["perf", "record", "-q", "-F", "499", "-g", "-p", producer_pids(cluster), "-o", perf_to,
+                              "--", "sleep", "6"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(8)
         n1, after, t1 = int(cluster.psql("SELECT count(*) FROM bench_orders")), cluster.cpu_by_class(extra), time.time()
+        bench.terminate()  # -T is a backstop: the measurement is over
         bench.wait()
     finally:
         if helper:
@@ -136,6 +152,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--modes", default="no-wake no-wake-hog poll-live auto-live")
+    ap.add_argument("--perf", metavar="DIR", help="perf record the producers' backends, DIR/MODE-rROUND.data")
     args = ap.parse_args()
     outboxd = os.environ.get("OUTBOXD_BIN", ROOT + "/build/outboxd")
     directory = tempfile.mkdtemp(prefix="outboxd-producer-cpu-")
@@ -156,7 +173,8 @@ def main():
         # Rounds interleave the modes: a slow spell of a shared machine falls on all of them.
         for r in range(args.rounds):
             for mode in args.modes.split():
-                rate, us = run_mode(mode, cluster, outboxd, script, args.clients)
+                perf_to = args.perf and os.path.join(args.perf, f"{mode}-r{r + 1}.data")
+                rate, us = run_mode(mode, cluster, outboxd, script, args.clients, perf_to)
                 parts = ", ".join(f"{name} {v:.1f}" for name, v in sorted(us.items(), key=lambda x: -x[1]) if v >= 0.5)
                 print(f"round {r + 1} {mode}: {rate:.0f} commits/s, {sum(us.values()):.0f} µs of CPU a commit: {parts}",
                       flush=True)

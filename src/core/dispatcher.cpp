@@ -41,8 +41,8 @@ std::size_t dispatcher::on_delivery_finished() noexcept {
     return maybe_claim();
 }
 
-std::size_t dispatcher::on_outcomes_recorded(bool unblocked_keys) noexcept {
-    if (unblocked_keys) wanted_ = true;
+std::size_t dispatcher::on_outcomes_recorded(bool more_due) noexcept {
+    if (more_due) wanted_ = true;
     return maybe_claim();
 }
 

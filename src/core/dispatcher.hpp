@@ -22,7 +22,8 @@
 //   on_claim_failed        claiming = false, wanted = true, backing_off = true
 //   on_delivery_finished   in_flight -= 1 (a slot is free)
 //   on_outcomes_recorded   a delivered event with an ordering key left the
-//                          table: its successor may be due now, wanted = true
+//                          table (its successor may be due now), or
+//                          deliveries were written due now: wanted = true
 //   on_stop                stopping = true
 //   resize(slots, batch)   new limits (the relay's capacity follows its
 //                          delivery rate); starts nothing by itself
@@ -54,7 +55,7 @@ public:
     [[nodiscard]] std::size_t on_claimed(std::size_t got, std::size_t asked) noexcept;
     [[nodiscard]] std::size_t on_claim_failed() noexcept;
     [[nodiscard]] std::size_t on_delivery_finished() noexcept;
-    [[nodiscard]] std::size_t on_outcomes_recorded(bool unblocked_keys) noexcept;
+    [[nodiscard]] std::size_t on_outcomes_recorded(bool more_due) noexcept;
     void on_stop() noexcept { stopping_ = true; }
     // Events handed out without a claim (read from a window earlier, held
     // back for their key until now): in_flight += n.

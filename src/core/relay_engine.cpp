@@ -209,6 +209,7 @@ void relay_engine::start_claim(std::size_t n) {
     // Deliveries are claimed only for destinations that can take them now,
     // as many as each has free connections.
     for (std::size_t i = 0; i < lanes_.size(); ++i) {
+        lanes_[i].passed_over = lanes_[i].full();
         if (const auto free = free_connections(i); free > 0) {
             request.open_destinations.push_back({cfg_.destinations[i].name, free});
         }
@@ -313,7 +314,10 @@ void relay_engine::claimed(claim_outcome result) {
     const auto next = dispatch_.on_claimed(got, more ? got : got + 1);
     hand_back_orphans(orphans);
     pump();
+    // Judged before the next claim, which takes what a lane has free now.
+    const bool owed = owes_delivery_claim();
     start_claim(next);
+    if (owed && !dispatch_.claiming()) wake();
     maybe_finish();
     // Retries and delayed events fire on time, not at the next sweep. If an
     // outcome was recorded while the claim ran, its snapshot may predate a
@@ -647,10 +651,23 @@ void relay_engine::lane_freed(std::size_t i) {
         auto next = std::move(lane.waiting.front());
         lane.waiting.pop_front();
         start_waiting(i, std::move(next));
-    } else if (was_full) {
-        // Deliveries to it were left unclaimed while it was full.
+    } else if (was_full && owes_delivery_claim()) {
         wake();
     }
+}
+
+// Whether a claim is owed to a destination's deliveries now: the last claim
+// left them out (the destination had no free connection), it saw deliveries
+// due, and a connection is free again. Only then: a lane that fills and
+// frees again and again (a claim larger than the destination's connections,
+// a relay claiming as its wake policy says) would otherwise start a claim at
+// each first free connection, whatever its policy; under 32 producers that
+// was 2 claims in 3, of fewer events each (bench/results/
+// lane-wake-2026-12-04.md). A claim still running is judged when it comes
+// back (claimed()): its answer may see deliveries due.
+bool relay_engine::owes_delivery_claim() const {
+    if (!deliveries_due_ || dispatch_.claiming()) return false;
+    return std::any_of(lanes_.begin(), lanes_.end(), [](const lane& l) { return l.passed_over && !l.full(); });
 }
 
 bool relay_engine::can_send(std::size_t i) { return !lanes_[i].full() && circuits_[i].allows_request(clock_.steady()); }
@@ -1011,7 +1028,14 @@ void relay_engine::outcomes_written(std::size_t fenced) {
     // be behind the drain watermark or the low mark (it was skipped while
     // blocked): the next claim starts from the beginning.
     if (batch->unblocks_key) reset_claim_marks(true);
-    start_claim(dispatch_.on_outcomes_recorded(batch->unblocks_key));
+    // Deliveries written due now (a destination that had no free connection
+    // for its event, one that failed with no wait before its retry): the
+    // next claim looks for them, and one starts now.
+    const bool owes_now = std::any_of(batch->fan_outs.begin(), batch->fan_outs.end(), [](const fan_out_item& f) {
+        return std::any_of(f.owed.begin(), f.owed.end(), [](const owed_delivery& o) { return o.due_in <= milliseconds(0); });
+    });
+    if (owes_now) deliveries_due_ = true;
+    start_claim(dispatch_.on_outcomes_recorded(batch->unblocks_key || owes_now));
     flush_outcomes();
     maybe_finish();
 }

@@ -388,6 +388,8 @@ private:
         std::size_t busy = 0;
         std::size_t limit = 1;
         std::deque<owed_item> waiting;
+        // The last claim left its deliveries out: it had no free connection.
+        bool passed_over = false;
         [[nodiscard]] bool full() const noexcept { return busy >= limit; }
     };
 
@@ -398,6 +400,7 @@ private:
 
     // claiming
     void start_claim(std::size_t n);
+    [[nodiscard]] bool owes_delivery_claim() const;
     void fit_capacity();
     void pump();
     void reset_claim_marks(bool watermark_too);

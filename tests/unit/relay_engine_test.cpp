@@ -333,6 +333,130 @@ TEST_CASE("relay engine: a destination with no free connection is deferred; the 
     CHECK(write.batch->unblocks_key);
 }
 
+namespace {
+
+// Destinations "slow" (one connection) and "fast", every event to both; the
+// first event is out to both, so "slow" has no free connection.
+harness& with_slow_full(harness& h) {
+    h.start();
+    h.claim_returns({make_event(1)});
+    REQUIRE(h.all<send_command>().size() == 2);
+    return h;
+}
+
+config slow_and_fast() {
+    auto cfg = one_destination(4);
+    cfg.destinations = {destination("slow", 1), destination("fast")};
+    cfg.routes = {{{">"}, {"slow", "fast"}}};
+    return cfg;
+}
+
+// A claim that comes back empty, having seen deliveries due (or not).
+void claim_returns_empty(harness& h, bool deliveries_due) {
+    claim_outcome o;
+    o.deliveries_due = deliveries_due;
+    o.started = h.clock.now;
+    o.done = h.clock.now;
+    h.engine.claimed(std::move(o));
+    h.step();
+}
+
+send_command send_to(const std::vector<send_command>& sends, std::size_t destination) {
+    const auto it = std::find_if(sends.begin(), sends.end(), [&](const send_command& s) { return s.destination == destination; });
+    REQUIRE(it != sends.end());
+    return *it;
+}
+
+}  // namespace
+
+TEST_CASE("relay engine: a claim that left a full destination out, and saw deliveries due, is followed by one "
+          "when a connection frees") {
+    harness h(slow_and_fast());
+    with_slow_full(h);
+    const auto to_slow = send_to(h.all<send_command>(), 0);
+    h.answer(send_to(h.all<send_command>(), 1), ok());
+    h.engine.wake();
+    h.step();
+    CHECK(h.one<claim_command>().request.open_destinations.size() == 1);  // "fast" only
+    claim_returns_empty(h, true);
+    CHECK_FALSE(h.has<claim_command>());
+    h.answer(to_slow, ok());
+    const auto claim = h.one<claim_command>();
+    REQUIRE(claim.request.open_destinations.size() == 2);
+    CHECK(claim.request.open_destinations[0].name == "slow");
+}
+
+TEST_CASE("relay engine: a connection that frees claims nothing when the claim that left its destination out saw "
+          "no deliveries due") {
+    // A relay whose claims are larger than its destination's connections
+    // fills the lane at every claim: a claim at each first free connection
+    // would set the pace instead of the wake policy.
+    harness h(slow_and_fast());
+    with_slow_full(h);
+    const auto to_slow = send_to(h.all<send_command>(), 0);
+    h.answer(send_to(h.all<send_command>(), 1), ok());
+    h.engine.wake();
+    h.step();
+    REQUIRE(h.has<claim_command>());
+    claim_returns_empty(h, false);
+    h.answer(to_slow, ok());
+    CHECK_FALSE(h.has<claim_command>());
+    // Nor when no claim left it out, deliveries due or not: the lane filled
+    // after the last claim began, and frees again.
+    h.engine.wake();
+    h.step();
+    REQUIRE(h.one<claim_command>().request.open_destinations.size() == 2);
+    claim_outcome o;
+    o.events = {make_event(2)};
+    o.deliveries_due = true;
+    o.started = h.clock.now;
+    o.done = h.clock.now;
+    h.engine.claimed(std::move(o));
+    h.step();
+    const auto again = h.all<send_command>();
+    REQUIRE(again.size() == 2);
+    h.answer(send_to(again, 1), ok());
+    h.answer(send_to(again, 0), ok());
+    CHECK_FALSE(h.has<claim_command>());
+}
+
+TEST_CASE("relay engine: a connection that frees while the claim that left it out runs is claimed for when that "
+          "claim comes back with deliveries due") {
+    harness h(slow_and_fast());
+    with_slow_full(h);
+    const auto to_slow = send_to(h.all<send_command>(), 0);
+    h.answer(send_to(h.all<send_command>(), 1), ok());
+    h.engine.wake();
+    h.step();
+    REQUIRE(h.one<claim_command>().request.open_destinations.size() == 1);
+    h.answer(to_slow, ok());  // the claim still runs
+    CHECK_FALSE(h.has<claim_command>());
+    claim_returns_empty(h, true);
+    const auto claim = h.one<claim_command>();
+    CHECK(claim.request.open_destinations.size() == 2);
+}
+
+TEST_CASE("relay engine: deliveries written due now are claimed at once") {
+    // Event 2 finds "slow" without a free connection: delivered to "fast",
+    // owed to "slow". Once that is recorded, a claim looks for it.
+    harness h(slow_and_fast());
+    with_slow_full(h);
+    h.engine.wake();
+    h.step();
+    h.claim_returns({make_event(2)});
+    const auto second = h.one<send_command>();
+    CHECK(second.destination == 1);
+    h.answer(second, ok());
+    h.gather_window_ends();  // event 1 is still out to "slow"
+    const auto write = h.one<write_outcomes_command>();
+    REQUIRE(write.batch->fan_outs.size() == 1);
+    CHECK_FALSE(write.batch->unblocks_key);
+    h.engine.outcomes_written(0);
+    h.step();
+    const auto claim = h.one<claim_command>();
+    CHECK(claim.request.deliveries_due);
+}
+
 TEST_CASE("relay engine: a claimed event whose lease would end before its attempt is not sent") {
     harness h(one_destination(1));  // longest attempt: 1 s connect + 2 s request
     h.start();
