@@ -117,6 +117,10 @@ struct harness {
         claim_outcome o;
         o.events = std::move(events);
         o.full = full;
+        claim_comes_back(std::move(o));
+    }
+    // The claim comes back with this answer, now.
+    void claim_comes_back(claim_outcome o) {
         o.started = clock.now;
         o.done = clock.now;
         engine.claimed(std::move(o));
@@ -335,30 +339,12 @@ TEST_CASE("relay engine: a destination with no free connection is deferred; the 
 
 namespace {
 
-// Destinations "slow" (one connection) and "fast", every event to both; the
-// first event is out to both, so "slow" has no free connection.
-harness& with_slow_full(harness& h) {
-    h.start();
-    h.claim_returns({make_event(1)});
-    REQUIRE(h.all<send_command>().size() == 2);
-    return h;
-}
-
+// Destinations "slow" (one connection) and "fast", every event to both.
 config slow_and_fast() {
     auto cfg = one_destination(4);
     cfg.destinations = {destination("slow", 1), destination("fast")};
     cfg.routes = {{{">"}, {"slow", "fast"}}};
     return cfg;
-}
-
-// A claim that comes back empty, having seen deliveries due (or not).
-void claim_returns_empty(harness& h, bool deliveries_due) {
-    claim_outcome o;
-    o.deliveries_due = deliveries_due;
-    o.started = h.clock.now;
-    o.done = h.clock.now;
-    h.engine.claimed(std::move(o));
-    h.step();
 }
 
 send_command send_to(const std::vector<send_command>& sends, std::size_t destination) {
@@ -367,18 +353,35 @@ send_command send_to(const std::vector<send_command>& sends, std::size_t destina
     return *it;
 }
 
+// Event 1 is out to "slow" (its one connection) and delivered to "fast"; a
+// claim that left "slow" out is running. Returns the request to "slow".
+send_command claim_without_slow(harness& h) {
+    h.start();
+    h.claim_returns({make_event(1)});
+    const auto sends = h.all<send_command>();
+    REQUIRE(sends.size() == 2);
+    h.answer(send_to(sends, 1), ok());
+    h.engine.wake();
+    h.step();
+    REQUIRE(h.one<claim_command>().request.open_destinations.size() == 1);  // "fast" only
+    return send_to(sends, 0);
+}
+
+// The running claim comes back with these events, having seen deliveries due or not.
+void claim_returns_seeing(harness& h, std::vector<event> events, bool deliveries_due) {
+    claim_outcome o;
+    o.events = std::move(events);
+    o.deliveries_due = deliveries_due;
+    h.claim_comes_back(std::move(o));
+}
+
 }  // namespace
 
 TEST_CASE("relay engine: a claim that left a full destination out, and saw deliveries due, is followed by one "
           "when a connection frees") {
     harness h(slow_and_fast());
-    with_slow_full(h);
-    const auto to_slow = send_to(h.all<send_command>(), 0);
-    h.answer(send_to(h.all<send_command>(), 1), ok());
-    h.engine.wake();
-    h.step();
-    CHECK(h.one<claim_command>().request.open_destinations.size() == 1);  // "fast" only
-    claim_returns_empty(h, true);
+    const auto to_slow = claim_without_slow(h);
+    claim_returns_seeing(h, {}, true);
     CHECK_FALSE(h.has<claim_command>());
     h.answer(to_slow, ok());
     const auto claim = h.one<claim_command>();
@@ -392,13 +395,8 @@ TEST_CASE("relay engine: a connection that frees claims nothing when the claim t
     // fills the lane at every claim: a claim at each first free connection
     // would set the pace instead of the wake policy.
     harness h(slow_and_fast());
-    with_slow_full(h);
-    const auto to_slow = send_to(h.all<send_command>(), 0);
-    h.answer(send_to(h.all<send_command>(), 1), ok());
-    h.engine.wake();
-    h.step();
-    REQUIRE(h.has<claim_command>());
-    claim_returns_empty(h, false);
+    const auto to_slow = claim_without_slow(h);
+    claim_returns_seeing(h, {}, false);
     h.answer(to_slow, ok());
     CHECK_FALSE(h.has<claim_command>());
     // Nor when no claim left it out, deliveries due or not: the lane filled
@@ -406,13 +404,7 @@ TEST_CASE("relay engine: a connection that frees claims nothing when the claim t
     h.engine.wake();
     h.step();
     REQUIRE(h.one<claim_command>().request.open_destinations.size() == 2);
-    claim_outcome o;
-    o.events = {make_event(2)};
-    o.deliveries_due = true;
-    o.started = h.clock.now;
-    o.done = h.clock.now;
-    h.engine.claimed(std::move(o));
-    h.step();
+    claim_returns_seeing(h, {make_event(2)}, true);
     const auto again = h.all<send_command>();
     REQUIRE(again.size() == 2);
     h.answer(send_to(again, 1), ok());
@@ -423,15 +415,10 @@ TEST_CASE("relay engine: a connection that frees claims nothing when the claim t
 TEST_CASE("relay engine: a connection that frees while the claim that left it out runs is claimed for when that "
           "claim comes back with deliveries due") {
     harness h(slow_and_fast());
-    with_slow_full(h);
-    const auto to_slow = send_to(h.all<send_command>(), 0);
-    h.answer(send_to(h.all<send_command>(), 1), ok());
-    h.engine.wake();
-    h.step();
-    REQUIRE(h.one<claim_command>().request.open_destinations.size() == 1);
+    const auto to_slow = claim_without_slow(h);
     h.answer(to_slow, ok());  // the claim still runs
     CHECK_FALSE(h.has<claim_command>());
-    claim_returns_empty(h, true);
+    claim_returns_seeing(h, {}, true);
     const auto claim = h.one<claim_command>();
     CHECK(claim.request.open_destinations.size() == 2);
 }
@@ -440,10 +427,8 @@ TEST_CASE("relay engine: deliveries written due now are claimed at once") {
     // Event 2 finds "slow" without a free connection: delivered to "fast",
     // owed to "slow". Once that is recorded, a claim looks for it.
     harness h(slow_and_fast());
-    with_slow_full(h);
-    h.engine.wake();
-    h.step();
-    h.claim_returns({make_event(2)});
+    (void)claim_without_slow(h);
+    claim_returns_seeing(h, {make_event(2)}, false);
     const auto second = h.one<send_command>();
     CHECK(second.destination == 1);
     h.answer(second, ok());
@@ -1478,10 +1463,7 @@ auto start_holding_cursors(harness& h) {
 void page_returns(harness& h, std::vector<window_event_read> events, bool full = false) {
     claim_outcome o;
     o.window = window_page{"9:9:", std::move(events), full};
-    o.started = h.clock.now;
-    o.done = h.clock.now;
-    h.engine.claimed(std::move(o));
-    h.step();
+    h.claim_comes_back(std::move(o));
 }
 
 }  // namespace
