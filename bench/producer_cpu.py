@@ -7,10 +7,10 @@
 bench/producer_load.sh says what each wake mode costs producers, in commits/s
 and in CPU a commit for the machine as a whole; this says whose CPU it is.
 A durable throwaway cluster and pgbench with the same transaction (one
-business row plus `outbox.enqueue`). Per mode, from 1 s after
-every client connected, 8 s of CPU ticks of every process, by class: the producers' backends
-(application name pgbench), pgbench itself, the relay and its backends,
-PostgreSQL's other processes. Printed per round, as µs of CPU a commit.
+business row plus `outbox.enqueue`). Per mode, from 1 s after every client
+connected, 8 s of CPU ticks of every process, by class: the producers'
+backends (application name pgbench), pgbench itself, the relay and its
+backends, PostgreSQL's other processes. Printed per round, as µs of CPU a commit.
 
 Modes: no-wake (no trigger, no relay); no-wake-hog (the same, beside a
 process that burns ~30% of a core in 1 ms bursts: what a relay's CPU alone
@@ -102,7 +102,8 @@ def start_helper(mode, cluster, outboxd):
 
 
 def producer_pids(cluster):
-    return cluster.psql("SELECT string_agg(pid::text, ',') FROM pg_stat_activity WHERE application_name = 'pgbench'")
+    """The producers' backends (application name pgbench)."""
+    return cluster.psql("SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbench'").split()
 
 
 def run_mode(mode, cluster, outboxd, script, clients, perf_to=None):
@@ -123,13 +124,13 @@ def run_mode(mode, cluster, outboxd, script, clients, perf_to=None):
         # past the start: every client connected (on a slow machine 32
         # connections can take longer than the 2 s this once waited)
         for _ in range(100):
-            if int(cluster.psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgbench'")) >= clients:
+            if len(producer_pids(cluster)) >= clients:
                 break
             time.sleep(0.1)
         time.sleep(1)
         n0, before, t0 = int(cluster.psql("SELECT count(*) FROM bench_orders")), cluster.cpu_by_class(extra), time.time()
         if perf_to:  # where the producers' backends spend it (perf raises everyone's CPU alike)
-            subprocess.Popen(["perf", "record", "-q", "-F", "499", "-g", "-p", producer_pids(cluster), "-o", perf_to,
+            subprocess.Popen(["perf", "record", "-q", "-F", "499", "-g", "-p", ",".join(producer_pids(cluster)), "-o", perf_to,
                               "--", "sleep", "6"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(8)
         n1, after, t1 = int(cluster.psql("SELECT count(*) FROM bench_orders")), cluster.cpu_by_class(extra), time.time()

@@ -75,6 +75,15 @@ struct outcome_batch {
                deliveries.retries.size() + deliveries.dead.size() + handed_back.size() + deliveries_handed_back.size() +
                parks.size();
     }
+    // Whether it writes deliveries due at once (a destination that had no
+    // free connection for its event, one that failed with no wait before
+    // its retry).
+    [[nodiscard]] bool owes_deliveries_now() const noexcept {
+        return std::any_of(fan_outs.begin(), fan_outs.end(), [](const fan_out_item& f) {
+            return std::any_of(f.owed.begin(), f.owed.end(),
+                               [](const owed_delivery& o) { return o.due_in <= std::chrono::milliseconds(0); });
+        });
+    }
     // Moves up to `n` outcomes, from the front, into a batch of their own
     // (a write of a bounded size); the rest stay. Both keep unblocks_key.
     [[nodiscard]] outcome_batch take_front(std::size_t n) {

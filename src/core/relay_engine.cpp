@@ -662,7 +662,7 @@ void relay_engine::lane_freed(std::size_t i) {
 // frees again and again (a claim larger than the destination's connections,
 // a relay claiming as its wake policy says) would otherwise start a claim at
 // each first free connection, whatever its policy; under 32 producers that
-// was 2 claims in 3, of fewer events each (bench/results/
+// was 2 claims in 5, of fewer events each (bench/results/
 // lane-wake-2026-12-04.md). A claim still running is judged when it comes
 // back (claimed()): its answer may see deliveries due.
 bool relay_engine::owes_delivery_claim() const {
@@ -1028,12 +1028,9 @@ void relay_engine::outcomes_written(std::size_t fenced) {
     // be behind the drain watermark or the low mark (it was skipped while
     // blocked): the next claim starts from the beginning.
     if (batch->unblocks_key) reset_claim_marks(true);
-    // Deliveries written due now (a destination that had no free connection
-    // for its event, one that failed with no wait before its retry): the
-    // next claim looks for them, and one starts now.
-    const bool owes_now = std::any_of(batch->fan_outs.begin(), batch->fan_outs.end(), [](const fan_out_item& f) {
-        return std::any_of(f.owed.begin(), f.owed.end(), [](const owed_delivery& o) { return o.due_in <= milliseconds(0); });
-    });
+    // Deliveries written due now: the next claim looks for them, and one
+    // starts now.
+    const bool owes_now = batch->owes_deliveries_now();
     if (owes_now) deliveries_due_ = true;
     start_claim(dispatch_.on_outcomes_recorded(batch->unblocks_key || owes_now));
     flush_outcomes();
