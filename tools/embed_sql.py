@@ -320,7 +320,12 @@ def check_params(where, code, params):
 
 
 def descriptors(queries):
+    """The statements' descriptors, and the texts of the variants that fill
+    every placeholder: each is a statement of its own, added to the embedded
+    queries after queries.sql's (its `source`), so that it is run as written
+    and not as its query's text."""
     out = []
+    filled = []
     names = {q.name for q in queries}
     for index, q in enumerate(queries):
         code = code_only(q.text)
@@ -368,8 +373,12 @@ def descriptors(queries):
                 check_ident("queries.sql", f"placeholder of {vname}", s)
             if any(d.name == vname for d in out):
                 fail(f"{where}: another query or variant is named {vname}")
-            out.append(Descriptor(vname, index, params, columns, pieces, slots))
-    return out
+            source_index = index
+            if fills and not slots:
+                source_index = len(queries) + len(filled)
+                filled.append(Query(vname, pieces[0], params, {}))
+            out.append(Descriptor(vname, source_index, params, columns, pieces, slots))
+    return out, filled
 
 
 # ---- output ------------------------------------------------------------------
@@ -472,8 +481,8 @@ def main():
 
     migrations = load_migrations(args.migrations)
     queries = load_queries(args.queries)
-    descs = descriptors(queries)
-    pathlib.Path(args.output).write_text(source(migrations, queries, descs), encoding="utf-8")
+    descs, filled = descriptors(queries)
+    pathlib.Path(args.output).write_text(source(migrations, queries + filled, descs), encoding="utf-8")
     pathlib.Path(args.header).write_text(header(descs), encoding="utf-8")
 
 

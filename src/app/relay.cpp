@@ -33,6 +33,7 @@
 #include "core/log.hpp"
 #include "core/migration_set.hpp"
 #include "core/pgoutput.hpp"
+#include "core/pre_window_park.hpp"
 #include "core/relay_engine.hpp"
 #include "core/sql_ident.hpp"
 #include "core/text.hpp"
@@ -218,14 +219,7 @@ private:
                                       "relay.consume = \"windows\": the outbox is not set up for windows (new events "
                                       "do not record their transaction id); run `outboxd consume-setup windows`");
                 }
-                if (const auto n = store_.pre_window_events(); n > 0) {
-                    throw fatal_error(
-                        exit_db_unsuitable,
-                        fmt::format("relay.consume = \"windows\": {} events in the outbox were written before "
-                                    "`outboxd consume-setup windows` and no window holds them; deliver them with "
-                                    "relay.consume = \"claims\" first (e.g. `outboxd run --once`), then switch",
-                                    n));
-                }
+                park_pre_window_events();
             }
             outcome_store_.connect();
             if (wake_.listens()) {
@@ -276,6 +270,51 @@ private:
             feed_wake([&](wake_policy& w, auto now) { return trigger_installed ? w.listening(now) : w.no_trigger(now); });
         }
         feed([this](relay_engine& e) { e.start(message_prefix_, opts_.mode); });
+    }
+
+    // Events written before `outboxd consume-setup windows` are in no window:
+    // each is parked into `deliveries` (core/pre_window_park.hpp), where they
+    // drain in id order ahead of the window events of their keys. Behind the
+    // takeover of dead relays, whose leases would keep theirs from moving.
+    // What a relay still running holds (a lease, a key's hold) cannot move:
+    // a claiming relay beside a windows relay sends events twice, so the
+    // relay refuses to start until those relays are stopped.
+    void park_pre_window_events() {
+        if (store_.pre_window_events() == 0) return;
+        if (cfg().live_leases) (void)store_.take_over_dead_relays();
+        const route_table routes(cfg());
+        constexpr std::size_t page_size = 1000;
+        std::size_t parked = 0;
+        std::size_t dead = 0;
+        for (std::int64_t after = 0;;) {
+            const auto page = store_.pre_window_page(after, page_size);
+            if (page.empty()) break;
+            std::vector<window_park> parks;
+            parks.reserve(page.size());
+            for (const auto& e : page) {
+                parks.push_back(park_pre_window(e, routes, cfg().destinations));
+                if (!parks.back().dead.empty()) {
+                    log::error("event written before windows cannot be sent; moving to dead letters",
+                               {{"event_id", fmt::format("{}", e.id)},
+                                {"topic", e.topic},
+                                {"error", parks.back().dead.front().error}});
+                    ++dead;
+                }
+            }
+            parked += store_.write_pre_window_parks(parks);
+            after = page.back().id;
+        }
+        if (const auto left = store_.pre_window_events(); left > 0) {
+            throw fatal_error(
+                exit_db_unsuitable,
+                fmt::format("relay.consume = \"windows\": {} events written before `outboxd consume-setup windows` "
+                            "are being sent by a relay that claims (a lease or its key's hold is running); every "
+                            "relay of one outbox must use the same mode: stop the claiming relays (their leases "
+                            "are handed back), then start again",
+                            left));
+        }
+        log::info("events written before windows moved to deliveries, ahead of the window events of their keys",
+                  {{"events", fmt::format("{}", parked)}, {"dead_lettered", fmt::format("{}", dead)}});
     }
 
     static wake_policy::settings wake_settings(const config& c) {

@@ -39,6 +39,16 @@ struct delivery_ref {
     std::int32_t attempt = 0;
 };
 
+// An event written before `outboxd consume-setup windows` (txid NULL), as a
+// windows relay reads it to park it (core/pre_window_park.hpp).
+struct pre_window_event {
+    std::int64_t id = 0;
+    std::string topic;
+    std::vector<std::string> only_to;  // events.destinations; empty: by route
+    std::int32_t attempts = 0;         // made so far, at every destination
+    std::optional<std::string> last_error;
+};
+
 // A destination that still owes an event after a fan-out.
 struct owed_delivery {
     std::string destination;

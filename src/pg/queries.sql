@@ -1998,6 +1998,8 @@ SELECT pg_is_in_recovery() AS in_recovery,
 
 -- name: park_window_events
 -- params: owner, ids, epochs, owed_ids, owed_destinations, owed_due_ms, owed_attempts, owed_errors, dead_ids, dead_destinations, dead_attempts, dead_errors, dead_statuses, dead_excerpts
+-- variant park_window_events: :fence = (b.slot, b.epoch) IN (SELECT m.slot, m.epoch FROM mine m)
+-- variant park_pre_window_events: :fence = b.txid IS NULL AND (SELECT 1 FROM :"schema".key_holds h WHERE h.ordering_key = b.ordering_key AND h.destination = '' AND h.until > now() LIMIT 1) IS NULL
 -- `fan_out` for events read from a window (not leased), a batch at a time:
 -- each event some destination still owes is parked (fanned_out) with one
 -- deliveries row per destination owed; every destination that failed for
@@ -2021,9 +2023,18 @@ SELECT pg_is_in_recovery() AS in_recovery,
 -- out was written already, is gone, is leased, or its cursor is not ours.
 -- One statement: the event row is updated (parked) or deleted (finished),
 -- never both, and dead letters copy the row as it was.
+-- park_pre_window_events: the same for events written before `outboxd
+-- consume-setup windows` (txid NULL), which no window holds: a windows relay
+-- parks them at startup (epochs unused), so that they drain through
+-- `deliveries` in id order and the window events of their keys queue behind
+-- them (read_window's key_pending). No cursor fences them; what a claiming
+-- relay may still be sending is left: a running lease (batch) and any event
+-- of a key whose hold is live (a run's followers carry no lease, only the
+-- hold). A lease that is over no longer counts: its relay's outcome is
+-- fenced out (its attempt and owner no longer match a row in `events`).
 WITH batch AS MATERIALIZED (
     SELECT e.id, e.topic, e.ordering_key, e.payload, e.headers, e.idempotency_key, e.created_at,
-           e.available_at, :"schema".event_slot(e.ordering_key, e.id) AS slot, b.epoch
+           e.available_at, e.txid, :"schema".event_slot(e.ordering_key, e.id) AS slot, b.epoch
     FROM unnest($2::bigint[], $3::bigint[]) AS b(id, epoch)
     JOIN :"schema".events e ON e.id = b.id
     WHERE NOT e.fanned_out
@@ -2038,7 +2049,7 @@ WITH batch AS MATERIALIZED (
     ORDER BY c.slot
     FOR SHARE
 ), fenced AS MATERIALIZED (
-    SELECT b.* FROM batch b JOIN mine m ON m.slot = b.slot AND m.epoch = b.epoch
+    SELECT b.* FROM batch b WHERE :fence
 ), owed AS MATERIALIZED (
     SELECT o.id, o.destination, o.due_ms, o.attempts, o.error
     FROM unnest($4::bigint[], $5::text[], $6::bigint[], $7::integer[], $8::text[])
@@ -2245,6 +2256,16 @@ SELECT ceil(64.0 / greatest(count(*) FILTER (WHERE r.lease_owner = $1
 FROM :"schema".relays r;
 
 -- name: pre_window_events
--- Events written before `outboxd consume-setup windows` (no txid): no window
--- holds them.
-SELECT count(*) AS events FROM :"schema".events WHERE txid IS NULL;
+-- Events written before `outboxd consume-setup windows` (no txid) and not
+-- yet parked: no window holds them, and no delivery row owes them yet.
+SELECT count(*) AS events FROM :"schema".events WHERE txid IS NULL AND NOT fanned_out;
+
+-- name: pre_window_page
+-- params: after_id, max_events
+-- The next of those events after `after_id`, in id order, with what routing
+-- them needs (park_pre_window_events writes what they owe).
+SELECT e.id, e.topic, array_to_string(e.destinations, ',') AS destinations, e.attempts, e.last_error
+FROM :"schema".events e
+WHERE e.txid IS NULL AND NOT e.fanned_out AND e.id > $1::bigint
+ORDER BY e.id
+LIMIT $2::bigint;

@@ -202,6 +202,9 @@ public:
     [[nodiscard]] bool windows_set_up();
     // park_window_events for a batch's parks.
     std::size_t write_parks(const std::vector<outboxd::window_park>& parks);
+    // park_pre_window_events (below) for parks of events written before
+    // windows (core/pre_window_park.hpp); returns how many were written.
+    std::size_t write_pre_window_parks(const std::vector<outboxd::window_park>& parks);
 
     // Publishes one circuit's state (a JSON object) on our relays row
     // (sql/0007); reset_circuits: all closed (a reload's new engine).
@@ -356,6 +359,13 @@ public:
     // (park_window_events in queries.sql), fenced by each event's cursor.
     // Returns the ids written; writing the same parks again writes nothing.
     [[nodiscard]] std::vector<std::int64_t> park_window_events(std::span<const window_park> parks);
+    // Events written before `outboxd consume-setup windows` and not parked
+    // yet, after `after_id` in id order (at most max_events), and their parks
+    // (core/pre_window_park.hpp; park_pre_window_events in queries.sql: not
+    // fenced by a cursor; an event under a running lease, or of a key whose
+    // hold is live, is left as it is). Returns the ids written.
+    [[nodiscard]] std::vector<pre_window_event> pre_window_page(std::int64_t after_id, std::size_t max_events);
+    [[nodiscard]] std::vector<std::int64_t> park_pre_window_events(std::span<const window_park> parks);
     // Deletes up to `batch` delivered window events, below every slot's
     // cursor (cleanup_window_events in queries.sql). Returns how many.
     // Skips the txids the previous calls left nothing behind in (kept here:

@@ -99,11 +99,23 @@ bool store::windows_set_up() {
     });
 }
 
-std::size_t store::write_parks(const std::vector<outboxd::window_park>& parks) {
+namespace {
+
+std::vector<store::window_park> park_rows(const std::vector<outboxd::window_park>& parks) {
     std::vector<store::window_park> rows;
     rows.reserve(parks.size());
     for (const auto& p : parks) rows.push_back({p.id, p.epoch, p.owed, p.dead});
-    return park_window_events(rows).size();
+    return rows;
+}
+
+}  // namespace
+
+std::size_t store::write_parks(const std::vector<outboxd::window_park>& parks) {
+    return park_window_events(park_rows(parks)).size();
+}
+
+std::size_t store::write_pre_window_parks(const std::vector<outboxd::window_park>& parks) {
+    return park_pre_window_events(park_rows(parks)).size();
 }
 
 }  // namespace outboxd::pg

@@ -286,9 +286,15 @@ void store::check_window_server() {
     window_safety_due_ = false;
 }
 
-std::vector<std::int64_t> store::park_window_events(std::span<const window_park> parks) {
+namespace {
+
+// The parks of a batch as the park statements' parallel arrays (both
+// variants of park_window_events take the same parameters), run as one
+// statement; returns the ids the statement wrote.
+template <typename Query>
+std::vector<std::int64_t> write_park_rows(session& db, const query_book& queries, const std::string& owner,
+                                          std::span<const store::window_park> parks) {
     if (parks.empty()) return {};
-    // Flattened into the statement's parallel arrays.
     struct owed_row {
         std::int64_t id;
         const owed_delivery* o;
@@ -306,10 +312,11 @@ std::vector<std::int64_t> store::park_window_events(std::span<const window_park>
     const auto error_text = [](const std::optional<std::string>& e) {
         return e ? std::optional(sanitize_text(*e, max_error_bytes)) : std::nullopt;
     };
-    const auto args = q::park_window_events::args{
-        .owner = owner_,
-        .ids = number_array(parks, [](const window_park& p) { return p.id; }),
-        .epochs = number_array(parks, [](const window_park& p) { return p.epoch; }),
+    using park = store::window_park;
+    const auto args = typename Query::args{
+        .owner = owner,
+        .ids = number_array(parks, [](const park& p) { return p.id; }),
+        .epochs = number_array(parks, [](const park& p) { return p.epoch; }),
         .owed_ids = number_array(owed, [](const owed_row& r) { return r.id; }),
         .owed_destinations = text_array(owed, [](const owed_row& r) { return std::optional(r.o->destination); }),
         .owed_due_ms = number_array(owed, [](const owed_row& r) { return r.o->due_in.count(); }),
@@ -330,13 +337,43 @@ std::vector<std::int64_t> store::park_window_events(std::span<const window_park>
         .dead_excerpts = text_array(dead, [](const dead_row& r) {
             return std::optional(sanitize_text(r.d->response_excerpt, max_error_bytes));
         })};
-    return session_.run([&](pqxx::connection& c) {
+    return db.run([&](pqxx::connection& c) {
         pqxx::nontransaction tx(c);  // one statement: atomic by itself
         std::vector<std::int64_t> written;
-        for (const auto& row : exec_params(tx, queries_, args)) {
-            written.push_back(row[q::park_window_events::col::id].as<std::int64_t>());
+        for (const auto& row : exec_params(tx, queries, args)) {
+            written.push_back(row[Query::col::id].template as<std::int64_t>());
         }
         return written;
+    });
+}
+
+}  // namespace
+
+std::vector<std::int64_t> store::park_window_events(std::span<const window_park> parks) {
+    return write_park_rows<q::park_window_events>(session_, queries_, owner_, parks);
+}
+
+std::vector<std::int64_t> store::park_pre_window_events(std::span<const window_park> parks) {
+    return write_park_rows<q::park_pre_window_events>(session_, queries_, owner_, parks);
+}
+
+std::vector<pre_window_event> store::pre_window_page(std::int64_t after_id, std::size_t max_events) {
+    return session_.run([&](pqxx::connection& c) {
+        pqxx::nontransaction tx(c);
+        using col = q::pre_window_page::col;
+        std::vector<pre_window_event> out;
+        const auto args = q::pre_window_page::args{.after_id = after_id,
+                                                   .max_events = static_cast<std::int64_t>(max_events)};
+        for (const auto& row : exec_params(tx, queries_, args)) {
+            pre_window_event e;
+            e.id = row[col::id].as<std::int64_t>();
+            e.topic = row[col::topic].as<std::string>();
+            if (!row[col::destinations].is_null()) e.only_to = destination_names(row[col::destinations].c_str());
+            e.attempts = row[col::attempts].as<std::int32_t>();
+            if (!row[col::last_error].is_null()) e.last_error = row[col::last_error].as<std::string>();
+            out.push_back(std::move(e));
+        }
+        return out;
     });
 }
 

@@ -1543,6 +1543,77 @@ TEST_CASE("windows: a parked delivery does not wait for an earlier window event 
     CHECK(got[0].id == parked);
 }
 
+TEST_CASE("windows: events written before windows are parked with their schedule, attempts and error; a running "
+          "lease, a key's live hold and window events are left as they are") {
+    installed db("win");  // claims: events written now record no txid
+    // A statement that returns no rows, run for its effect.
+    const auto run = [&](const std::string& sql) {
+        (void)db.query("WITH done AS (" + sql + " RETURNING 1) SELECT count(*) FROM done");
+    };
+    const auto plain = db.enqueue(window_event());
+    const auto k1 = db.enqueue(window_event("k"));
+    const auto k2 = db.enqueue(window_event("k"));
+    const auto retrying = db.enqueue(window_event());
+    const auto leased = db.enqueue(window_event("l"));
+    const auto follower = db.enqueue(window_event("h"));  // a run's follower: no lease, its key's hold
+    const auto expired = db.enqueue(window_event("x"));
+    run(fmt::format("UPDATE {{s}}.events SET attempts = 2, last_error = 'HTTP 503', "
+                               "available_at = now() + interval '1 hour' WHERE id = {}", retrying));
+    run(fmt::format("UPDATE {{s}}.events SET attempts = 1, lease_owner = 'claimer', "
+                               "leased_until = now() + interval '1 minute' WHERE id = {}", leased));
+    run(fmt::format("UPDATE {{s}}.events SET attempts = 1, lease_owner = 'claimer', "
+                               "leased_until = now() - interval '1 second' WHERE id = {}", expired));
+    run(fmt::format("INSERT INTO {{s}}.key_holds (ordering_key, destination, event_id, until, lease_owner) "
+                               "VALUES ('h', '', {}, now() + interval '1 minute', 'claimer')", follower));
+    testing::set_up_consume(*db.admin, db.schema.name(), "windows");
+    const auto windowed = db.enqueue(window_event("k"));
+    auto relay = db.store("relay-a");
+
+    const auto page = relay.pre_window_page(0, 100);
+    std::vector<std::int64_t> ids;
+    for (const auto& e : page) ids.push_back(e.id);
+    CHECK(ids == std::vector<std::int64_t>{plain, k1, k2, retrying, leased, follower, expired});
+    REQUIRE(page.size() == 7);
+    CHECK(page[3].attempts == 2);
+    CHECK(page[3].last_error == "HTTP 503");
+    CHECK(page[0].topic == "t");
+    CHECK(relay.pre_window_page(k2, 2).front().id == retrying);  // pages after an id, in id order
+
+    const auto park = [&](std::int64_t id, int attempts, std::optional<std::string> error = std::nullopt) {
+        return pg::store::window_park{.id = id, .epoch = 0, .owed = {owed("hooks", attempts, std::move(error))}, .dead = {}};
+    };
+    const std::vector<pg::store::window_park> parks{park(plain, 0),  park(k1, 0),       park(k2, 0),
+                                                    park(retrying, 2, "HTTP 503"), park(leased, 1),
+                                                    park(follower, 0), park(expired, 1), park(windowed, 0)};
+    CHECK(relay.park_pre_window_events(parks) == std::vector<std::int64_t>{plain, k1, k2, retrying, expired});
+    CHECK(relay.pre_window_events() == 2);  // the running lease and the held follower
+    CHECK(db.query("SELECT string_agg(id::text, ',' ORDER BY id) FROM {s}.events WHERE NOT fanned_out") ==
+          fmt::format("{},{},{}", leased, follower, windowed));
+    // Each parked event is owed at its destination on its own schedule, with what it had been through.
+    CHECK(db.query(fmt::format("SELECT d.attempts || ' ' || d.last_error || ' ' || (d.available_at > now() + "
+                               "interval '59 minutes') FROM {{s}}.deliveries d WHERE d.event_id = {}",
+                               retrying)) == "2 HTTP 503 true");
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries WHERE available_at <= now()") == "4");
+    CHECK(db.query(fmt::format("SELECT lease_owner IS NULL AND leased_until IS NULL FROM {{s}}.events WHERE id = {}",
+                               expired)) == "t");
+    // Written again (its answer lost): nothing more.
+    CHECK(relay.park_pre_window_events(parks).empty());
+
+    // The lease and the hold end: those two move too, and nothing is left before windows.
+    run(fmt::format("UPDATE {{s}}.events SET leased_until = now() - interval '1 second' WHERE id = {}",
+                               leased));
+    run("DELETE FROM {s}.key_holds");
+    CHECK(relay.park_pre_window_events(parks) == std::vector<std::int64_t>{leased, follower});
+    CHECK(relay.pre_window_events() == 0);
+    CHECK(relay.pre_window_page(0, 100).empty());
+    CHECK(db.query("SELECT count(*) FROM {s}.deliveries") == "7");
+    // A key's window event queues behind its parked earlier events (it is key-pending when read).
+    const auto w = relay.read_window("1:1:", std::nullopt, 0, std::nullopt, 100, {});
+    REQUIRE(w.events.size() == 1);
+    CHECK(w.events[0].id == windowed);
+    CHECK(w.events[0].key_pending);
+}
+
 TEST_CASE("windows: relays alive share the 64 cursors: the first takes them all, a second takes what the "
           "first hands back, and a dead relay does not count") {
     installed db("win", "windows");

@@ -57,6 +57,23 @@ SELECT id FROM :"schema".events WHERE lease_owner = $1 AND :where LIMIT :size;
     assert "fragment size;" in header and "fragment where;" not in header
 
 
+def test_a_variant_that_fills_every_placeholder_runs_its_own_text(tmp_path):
+    rc, err, header = embed(tmp_path, """-- name: park
+-- params: ids
+-- variant park: :fence = slot IN (SELECT slot FROM mine)
+-- variant park_early: :fence = txid IS NULL
+SELECT id FROM :"schema".events WHERE id = ANY ($1) AND :fence;
+""")
+    assert rc == 0, err
+    code = (tmp_path / "e.cpp").read_text()
+    # Each variant's text is embedded whole, and its descriptor points at it.
+    assert "WHERE id = ANY ($1) AND slot IN (SELECT slot FROM mine);" in code
+    assert "WHERE id = ANY ($1) AND txid IS NULL;" in code
+    sources = [line.split("=")[1].strip(" ;") for line in header.splitlines() if "std::size_t source" in line]
+    assert len(sources) == 2 and sources[0] != sources[1]
+    assert "struct fills" not in header
+
+
 @pytest.mark.parametrize("sql, message", [
     ("SELECT id FROM t WHERE id = $1;", "uses $1 but declares no name for it"),
     ("-- params: id, owner\nSELECT id FROM t WHERE id = $1;", "declares $2 (owner) but never uses it"),
