@@ -1,15 +1,17 @@
 """`outboxd consume-setup claims|windows`: what producers pay for windows is
 installed only when asked, a windows relay refuses an outbox not set up for
 it, and an outbox with pending events moves to windows without losing or
-reordering any of them."""
+reordering any of them: a windows relay parks them itself."""
 
 from __future__ import annotations
 
 import secrets
+import threading
 
 import pytest
 
 from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_SCHEMA_MISSING, Db, apply_printed_sql, install_sql_files
+from receiver import Receiver
 from helpers import claims_only, duplicates, wait_delivered, wait_until
 
 WINDOWS = {"OUTBOXD_CONSUME": "windows"}
@@ -71,41 +73,79 @@ def test_a_windows_relay_refuses_an_outbox_not_set_up_for_it_and_touches_nothing
     assert sorted(e["id"] for e in db.events()) == ids
 
 
-def test_pending_events_move_to_windows_without_loss_or_reordering(outboxd, db, relay, receiver):
+def test_pending_events_move_to_windows_without_loss_or_reordering(outboxd, db, relay, receiver, tmp_path):
     """The upgrade path: events written before the setup are in no window; a
-    windows relay refuses while any is left and says how to drain them; a
-    claiming relay delivers them; windows take over behind them."""
+    windows relay parks them at startup (one deliveries row per destination,
+    dead letters where nothing routes) and the window events of their keys
+    queue behind them."""
     _setup(outboxd, db, "claims")
     by_key: dict = {}
 
-    def enqueue(n: int, tag: str) -> None:
+    def enqueue(n: int, tag: str, topic: str = "up") -> None:
         for i in range(n):
             key = f"k{i % 3}"
-            by_key.setdefault(key, []).append(db.enqueue("up", {"tag": tag, "i": i}, key=key))
+            by_key.setdefault(key, []).append(db.enqueue(topic, {"tag": tag, "i": i}, key=key))
 
     enqueue(12, "before")
+    unrouted = db.enqueue("nobody.listens", {"n": 0})
     _setup(outboxd, db, "windows")
     enqueue(6, "after-setup")
 
-    refused = relay(receiver, env=WINDOWS)
-    assert refused.wait(15) == EXIT_DB_UNSUITABLE, refused.log()
-    assert "12 events in the outbox were written before `outboxd consume-setup windows`" in refused.log()
-    assert receiver.ids() == []
-
-    # The drain the message asks for: one pass of a claiming relay.
-    drain = relay(receiver, "--once", env=CLAIMS)
-    assert drain.wait(30) == EXIT_OK, drain.log()
-    assert db.scalar("SELECT count(*) FROM {s}.events WHERE txid IS NULL") == 0
-
-    windows = relay(receiver, env=WINDOWS)
+    config = tmp_path / "outboxd.toml"
+    config.write_text(f'[destinations.hook]\nurl = "{receiver.url}"\n\n'
+                      '[[routes]]\ntopics = ["up"]\ndestinations = ["hook"]\n')
+    windows = relay(None, "--config", str(config), env=WINDOWS)
     enqueue(9, "windows")
     everything = [i for ids in by_key.values() for i in ids]
     assert wait_delivered(receiver, everything, timeout=30), \
         f"missing: {sorted(set(everything) - set(receiver.delivered_ids()))}"
     assert windows.alive(), windows.log()
-    assert "window" in windows.log()  # it did read windows, not claims
+    assert "events written before windows moved to deliveries" in windows.log()
     _in_key_order(receiver.snapshot(), by_key)
     assert not duplicates(receiver.delivered_ids()), duplicates(receiver.delivered_ids())
+    assert unrouted not in receiver.ids()
+    assert [d["id"] for d in db.dead_letters()] == [unrouted]
+    assert db.wait_empty(timeout=10), db.events()
+
+
+def test_a_windows_relay_leaves_what_a_claiming_relay_is_sending_and_says_stop_it(outboxd, db, relay):
+    """A claiming relay still running on the outbox holds leases (and key
+    holds) on events from before the setup; the windows relay parks the rest
+    (here: delayed events), refuses with exit 8 and names the fix; once the claiming relay is gone
+    every event is delivered once, in key order."""
+    gate = threading.Event()
+
+    def held(_req):
+        gate.wait(45)
+        return 200, {}, b"ok"
+
+    _setup(outboxd, db, "claims")
+    by_key = {"a": [db.enqueue("t", {"i": i}, key="a") for i in range(4)]}
+    by_key["b"] = [db.enqueue("t", {"i": i}, key="b") for i in range(4)]
+    later = [db.enqueue("t", {"i": i}, key="c", available_at="infinity") for i in range(2)]
+    _setup(outboxd, db, "windows")
+    with Receiver(held) as rx:
+        claims = relay(rx, "--request-timeout", "60s", "--lease", "90s", env=CLAIMS)
+        # Both keys' heads are at the gate.
+        assert rx.wait_until(lambda reqs: len(reqs) >= 2, timeout=15), claims.log()
+
+        refused = relay(rx, env=WINDOWS)
+        assert refused.wait(15) == EXIT_DB_UNSUITABLE, refused.log()
+        assert "written before `outboxd consume-setup windows` are being sent by a relay that claims" \
+            in refused.log()
+        # What no claiming relay holds moved: the delayed events, due when they were.
+        assert [(d["event_id"], d["due"]) for d in db.deliveries()] == [(i, False) for i in later], db.deliveries()
+        gate.set()
+        everything = by_key["a"] + by_key["b"]
+        assert wait_delivered(rx, everything, timeout=30), claims.log()
+        assert claims.stop() == EXIT_OK
+
+        windows = relay(rx, env=WINDOWS)
+        assert wait_until(lambda: db.count_events() == len(later), timeout=15), windows.log()
+        assert windows.alive(), windows.log()
+        _in_key_order(rx.snapshot(), by_key)
+        assert not duplicates(rx.delivered_ids()), duplicates(rx.delivered_ids())
+        assert [d["event_id"] for d in db.deliveries()] == later  # still waiting, not lost
 
 
 def test_claims_is_refused_while_a_windows_relay_runs(outboxd, db, relay, receiver):
