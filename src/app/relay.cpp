@@ -212,7 +212,10 @@ private:
             // Before anything is written (a standby refuses writes with a
             // message that does not say why).
             if (cfg().consume == "windows") store_.check_window_server();
-            if (cfg().live_leases) store_.bind_leases_to_session();
+            if (cfg().live_leases) {
+                store_.bind_leases_to_session();
+                refuse_beside_relays_consuming_otherwise();
+            }
             if (cfg().consume == "windows") {
                 if (!store_.windows_set_up()) {
                     throw fatal_error(exit_schema_missing,
@@ -270,6 +273,24 @@ private:
             feed_wake([&](wake_policy& w, auto now) { return trigger_installed ? w.listening(now) : w.no_trigger(now); });
         }
         feed([this](relay_engine& e) { e.start(message_prefix_, opts_.mode); });
+    }
+
+    // A claiming relay and a windows relay side by side both send what the
+    // windows relay reads (sql/0015): twice, and a key's two copies may
+    // interleave out of order. Asked after our registration committed, so
+    // of two relays of different modes starting together at least one
+    // refuses. Relays without live leases register nowhere and are not seen.
+    void refuse_beside_relays_consuming_otherwise() {
+        const auto others = store_.relays_consuming_otherwise();
+        if (others.empty()) return;
+        throw fatal_error(
+            exit_db_unsuitable,
+            fmt::format("relay.consume = \"{}\": {} relay(s) with relay.consume = \"{}\" are running on this outbox "
+                        "(lease owner {}); every relay of one outbox must use the same mode (side by side they send "
+                        "events twice, a key's events possibly out of order): stop them first, or start this one "
+                        "with relay.consume = \"{}\"",
+                        cfg().consume, others.size(), others.front().consume, others.front().lease_owner,
+                        others.front().consume));
     }
 
     // Events written before `outboxd consume-setup windows` are in no window:

@@ -1593,7 +1593,7 @@ WITH returned AS (
 SELECT event_id FROM returned;
 
 -- name: register_relay
--- params: owner
+-- params: owner, consume
 -- Binds our leases to this session (sql/0006), on the connection that
 -- claims, before its first claim and again after every reconnect: the
 -- session-level advisory lock first, then the row that tells other relays
@@ -1602,15 +1602,31 @@ SELECT event_id FROM returned;
 -- tried, never waited for: after a network partition our previous session
 -- may live on at the server for a while, holding the lock (it covers our
 -- leases meanwhile); the store tries again before each claim until it has
--- it. Returns a row when the lock is ours.
+-- it. Returns a row when the lock is ours. consume: 'claims' or 'windows'
+-- (sql/0015, relays_consuming_otherwise).
 WITH locked AS (
     SELECT key, pg_try_advisory_lock(key) AS got
     FROM (SELECT hashtextextended('outboxd.relay.' || $1, 0) AS key) AS k
 )
-INSERT INTO :"schema".relays (lease_owner, lock_key)
-SELECT $1, key FROM locked WHERE got
-ON CONFLICT (lease_owner) DO UPDATE SET lock_key = excluded.lock_key
+INSERT INTO :"schema".relays (lease_owner, lock_key, consume)
+SELECT $1, key, $2::text FROM locked WHERE got
+ON CONFLICT (lease_owner) DO UPDATE SET lock_key = excluded.lock_key, consume = excluded.consume
 RETURNING lease_owner;
+
+-- name: relays_consuming_otherwise
+-- params: owner, consume
+-- The other live relays (their session lock is held) registered with a
+-- consume mode other than ours (sql/0015). Run after our own registration
+-- has committed: of two relays of different modes starting at once, the
+-- one that asks last sees the other (both may see each other; neither then
+-- starts). A relay older than 0015 (consume NULL) is not counted. In a
+-- transaction of its own: the locks of dead relays it gets are let go at
+-- its end. OFFSET 0: the lock is tried only for rows past the filter.
+SELECT o.lease_owner, o.consume
+FROM (SELECT lease_owner, lock_key, consume FROM :"schema".relays
+      WHERE lease_owner <> $1 AND consume <> $2::text OFFSET 0) AS o
+WHERE NOT pg_try_advisory_xact_lock(o.lock_key)
+ORDER BY o.lease_owner;
 
 -- name: publish_circuit
 -- params: owner, destination, state

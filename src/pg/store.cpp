@@ -473,9 +473,24 @@ void store::register_session(pqxx::connection& c, int tries) {
     for (int attempt = 0; attempt < tries; ++attempt) {
         if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
         pqxx::nontransaction tx(c);
-        holds_session_lock_ = !exec_params(tx, queries_, q::register_relay::args{.owner = owner_}).empty();
+        const auto args = q::register_relay::args{.owner = owner_, .consume = consume_mode()};
+        holds_session_lock_ = !exec_params(tx, queries_, args).empty();
         if (holds_session_lock_) return;
     }
+}
+
+std::vector<store::registered_relay> store::relays_consuming_otherwise() {
+    return session_.run([&](pqxx::connection& c) {
+        using col = q::relays_consuming_otherwise::col;
+        std::vector<registered_relay> out;
+        pqxx::work tx(c);  // the dead relays' locks it got go with it
+        const auto args = q::relays_consuming_otherwise::args{.owner = owner_, .consume = consume_mode()};
+        for (const auto& row : exec_params(tx, queries_, args)) {
+            out.push_back({row[col::lease_owner].as<std::string>(), row[col::consume].as<std::string>()});
+        }
+        tx.commit();
+        return out;
+    });
 }
 
 void store::hold_session_lock(pqxx::connection& c) {

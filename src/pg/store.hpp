@@ -165,6 +165,15 @@ public:
     // session lives and registers it, now and again on every new connection
     // before its first claim. Call once the schema is known to be migrated.
     void bind_leases_to_session();
+    // The other live relays registered with the other consume mode
+    // (relays_consuming_otherwise in queries.sql; sql/0015): a claiming and
+    // a windows relay side by side send events twice. Call after
+    // bind_leases_to_session(), which registers ours.
+    struct registered_relay {
+        std::string lease_owner;
+        std::string consume;
+    };
+    [[nodiscard]] std::vector<registered_relay> relays_consuming_otherwise();
     struct takeover {
         std::vector<std::string> relays;  // lease owners found dead
         std::size_t leases = 0;           // events and deliveries handed back
@@ -179,6 +188,7 @@ public:
     // relay.consume = "windows": claim_deliveries does not wait for window
     // events (see the statement).
     void set_consume_windows(bool on) noexcept { consume_windows_ = on; }
+    [[nodiscard]] const char* consume_mode() const noexcept { return consume_windows_ ? "windows" : "claims"; }
 
     // The relay's windows (relay.consume = "windows", store_window_relay.cpp):
     // the statements below in the engine's terms.

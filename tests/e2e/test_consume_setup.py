@@ -108,6 +108,31 @@ def test_pending_events_move_to_windows_without_loss_or_reordering(outboxd, db, 
     assert db.wait_empty(timeout=10), db.events()
 
 
+def test_a_relay_refuses_to_start_beside_a_live_relay_of_the_other_mode(outboxd, db, relay, receiver):
+    """Side by side, a claiming and a windows relay would both send what the
+    windows relay reads (sql/0015): whichever starts second refuses, exit 8,
+    and starts once the other is gone."""
+    _setup(outboxd, db, "windows")
+    claims = relay(receiver, env=CLAIMS)
+    first = db.enqueue("t", {"n": 1})
+    assert wait_delivered(receiver, [first], timeout=15), claims.log()
+
+    refused = relay(receiver, env=WINDOWS)
+    assert refused.wait(15) == EXIT_DB_UNSUITABLE, refused.log()
+    assert 'relay.consume = "windows": 1 relay(s) with relay.consume = "claims" are running' in refused.log()
+    assert claims.alive(), claims.log()
+    assert claims.stop() == EXIT_OK
+
+    windows = relay(receiver, env=WINDOWS)
+    second = db.enqueue("t", {"n": 2})
+    assert wait_delivered(receiver, [second], timeout=15), windows.log()
+    refused = relay(receiver, env=CLAIMS)
+    assert refused.wait(15) == EXIT_DB_UNSUITABLE, refused.log()
+    assert 'relay.consume = "claims": 1 relay(s) with relay.consume = "windows" are running' in refused.log()
+    assert windows.alive(), windows.log()
+    assert not duplicates(receiver.delivered_ids()), duplicates(receiver.delivered_ids())
+
+
 def test_a_windows_relay_leaves_what_a_claiming_relay_is_sending_and_says_stop_it(outboxd, db, relay):
     """A claiming relay still running on the outbox holds leases (and key
     holds) on events from before the setup; the windows relay parks the rest
@@ -125,7 +150,8 @@ def test_a_windows_relay_leaves_what_a_claiming_relay_is_sending_and_says_stop_i
     later = [db.enqueue("t", {"i": i}, key="c", available_at="infinity") for i in range(2)]
     _setup(outboxd, db, "windows")
     with Receiver(held) as rx:
-        claims = relay(rx, "--request-timeout", "60s", "--lease", "90s", env=CLAIMS)
+        claims = relay(rx, "--request-timeout", "60s", "--lease", "90s",
+                       env={**CLAIMS, "OUTBOXD_LIVE_LEASES": "false"})
         # Both keys' heads are at the gate.
         assert rx.wait_until(lambda reqs: len(reqs) >= 2, timeout=15), claims.log()
 

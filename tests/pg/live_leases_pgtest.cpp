@@ -133,3 +133,40 @@ TEST_CASE("live leases: a dead relay's lease that already ran out is handed back
     CHECK(db.query("SELECT lease_owner IS NULL AND leased_until IS NULL AND attempts = 1 "
                    "AND available_at > '" + written + "' FROM {s}.events WHERE id = " + std::to_string(id)) == "t");
 }
+
+TEST_CASE("live leases: a relay sees the live relays registered with the other consume mode, and only those") {
+    installed db;
+    auto claiming = db.store("relay-claims");
+    auto claiming_too = db.store("relay-claims-2");
+    auto windows = db.store("relay-windows");
+    windows.set_consume_windows(true);
+    claiming.bind_leases_to_session();
+    claiming_too.bind_leases_to_session();
+    windows.bind_leases_to_session();
+    CHECK(db.query("SELECT string_agg(lease_owner || '=' || consume, ',' ORDER BY lease_owner) FROM {s}.relays") ==
+          "relay-claims=claims,relay-claims-2=claims,relay-windows=windows");
+
+    const auto seen_by_windows = windows.relays_consuming_otherwise();
+    REQUIRE(seen_by_windows.size() == 2);
+    CHECK(seen_by_windows[0].lease_owner == "relay-claims");
+    CHECK(seen_by_windows[0].consume == "claims");
+    CHECK(seen_by_windows[1].lease_owner == "relay-claims-2");
+    const auto seen_by_claims = claiming.relays_consuming_otherwise();
+    REQUIRE(seen_by_claims.size() == 1);  // not the other claiming relay
+    CHECK(seen_by_claims[0].lease_owner == "relay-windows");
+    CHECK(seen_by_claims[0].consume == "windows");
+
+    // A relay older than sql/0015 registers without a mode: not counted.
+    CHECK(db.query("WITH done AS (UPDATE {s}.relays SET consume = NULL WHERE lease_owner = 'relay-claims-2' "
+                   "RETURNING 1) SELECT count(*) FROM done") == "1");
+    // A dead relay's row stays until a takeover forgets it: not counted either.
+    claiming.disconnect();
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (!windows.relays_consuming_otherwise().empty() && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(10ms);
+    }
+    CHECK(windows.relays_consuming_otherwise().empty());
+    CHECK(db.query("SELECT count(*) FROM {s}.relays") == "3");
+    // The locks it tried are not kept: the dead relay's takeover still works.
+    CHECK(take_over_within(windows, 5s).relays == std::vector<std::string>{"relay-claims"});
+}
