@@ -494,7 +494,7 @@ TEST_CASE("windows: migration 0009 and consume-setup windows apply to an outbox 
     const std::string a = scalar(*c, "SELECT pg_current_snapshot()::text");
 
     const auto r = pg::migrate(*c, schema.name());
-    CHECK(r.applied == std::vector<int>{9, 10, 11, 12, 13, 14});
+    CHECK(r.applied == std::vector<int>{9, 10, 11, 12, 13, 14, 15});
     // The migration alone costs producers nothing: no txid default, no index.
     CHECK(q("SELECT count(*) FROM pg_indexes WHERE schemaname = '" + schema.name() + "' AND indexname LIKE '%txid%'") ==
           "0");
