@@ -1352,7 +1352,11 @@ WHERE died_at < now() - $1 * interval '1 millisecond'
 -- first match wins:
 --   in_flight       leased by a relay (lease not expired), or sent in a
 --                   run under its key's live hold (a run's followers carry
---                   no lease: up to the event the hold names, sql/0012)
+--                   no lease: up to the event the hold names, sql/0012), or
+--                   read by the windows relay that owns its slot's cursor
+--                   and not passed yet (visible in the cursor's B: as of
+--                   that relay's last checkpoint, about once a second; a
+--                   window read since shows as pending until then)
 --   retrying        attempted before, waiting for its next attempt
 --   scheduled       never attempted, not due yet (a delayed event)
 --   waiting_on_key  never attempted, due, but an earlier event of its
@@ -1388,7 +1392,8 @@ WITH key_head AS (
 ), work AS (
     SELECT e.topic, NULL::text AS destination, e.id, e.attempts, e.available_at,
            (e.lease_owner IS NOT NULL AND e.leased_until > now())
-               OR (e.lease_owner IS NULL AND e.available_at <= now() AND e.id <= rh.last) AS in_flight,
+               OR (e.lease_owner IS NULL AND e.available_at <= now() AND e.id <= rh.last)
+               OR coalesce(wc.owner IS NOT NULL AND pg_visible_in_snapshot(e.txid, wc.snap_b), false) AS in_flight,
            e.ordering_key IS NOT NULL AND (e.id > kh.head OR kd.ordering_key IS NOT NULL) AS behind_key,
            e.last_error IS NOT NULL AS has_error
     FROM :"schema".events e
@@ -1708,7 +1713,8 @@ SELECT event_id FROM unheld;
 -- sql/0012) as `status` counts it; and the schema's migration version.
 -- A window event its slot's cursor has passed is delivered, waiting for
 -- cleanup, as in `status` (one primary-key probe of cursors per row read;
--- claims outboxes have no txid and skip it).
+-- claims outboxes have no txid and skip it); one the owner of that cursor
+-- has read (in its B) is in flight, not pending.
 SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events e
                               LEFT JOIN :"schema".cursors wc
                                      ON e.txid IS NOT NULL AND wc.destination = ''
@@ -1727,7 +1733,8 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events e
             WHERE e.available_at <= now()
               AND (e.leased_until IS NULL OR e.leased_until <= now())
               AND NOT coalesce(pg_visible_in_snapshot(e.txid, wc.snap_a)
-                               OR (e.id < wc.done_below AND pg_visible_in_snapshot(e.txid, wc.snap_b)), false)
+                               OR ((e.id < wc.done_below OR wc.owner IS NOT NULL)
+                                   AND pg_visible_in_snapshot(e.txid, wc.snap_b)), false)
               AND NOT (e.ordering_key IS NOT NULL AND e.lease_owner IS NULL AND EXISTS (
                   SELECT 1 FROM :"schema".key_holds h
                   WHERE h.ordering_key = e.ordering_key AND h.destination = '' AND h.lease_owner IS NOT NULL
@@ -1737,7 +1744,7 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM :"schema".events e
            AS oldest_pending_seconds,
        (SELECT coalesce(max(version), 0) FROM :"schema".schema_migrations) AS schema_version;
 
--- ---- Commit-ordered windows (sql/0009; not used by the relay yet) --------
+-- ---- Commit-ordered windows (sql/0009, relay.consume = "windows") --------
 -- docs/commit-ordered-windows.md. A window is "committed after snapshot A
 -- and visible in snapshot B"; the relay keeps its cursor (A, B, done_below)
 -- in memory and writes it to `cursors` only as a fenced checkpoint.

@@ -24,7 +24,7 @@ struct work_status {
     std::int64_t pending = 0;         // never attempted, due now
     std::int64_t waiting_on_key = 0;  // never attempted, due, behind an earlier event of its key
     std::int64_t scheduled = 0;       // never attempted, not due yet
-    std::int64_t in_flight = 0;       // leased by a relay
+    std::int64_t in_flight = 0;       // leased by a relay, or read by the windows relay of its slot
     std::int64_t retrying = 0;        // attempted before, waiting for the next attempt
     std::int64_t dead = 0;            // dead letters (destination nullopt: the whole event died)
     double oldest_pending_seconds = 0;  // how long the oldest due work has been due

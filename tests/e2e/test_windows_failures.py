@@ -607,3 +607,30 @@ def test_postgres_restart_mid_drain_loses_nothing(pg_cluster, make_schema, relay
         reqs = rx.snapshot()
     assert_key_order(reqs, key_of)
     assert r.stop() == 0
+
+
+def test_status_counts_the_window_events_a_relay_is_sending_as_in_flight(wdb, relay, outboxd):
+    """A windows relay leases nothing: `outboxd status` counts what the owner
+    of a slot's cursor has read and not passed (as of its checkpoint) as in
+    flight, not pending; once delivered and passed, nothing."""
+    gate = threading.Event()
+
+    def held(_req):
+        gate.wait(30)
+        return 200, {}, b"ok"
+
+    def counts():
+        r = outboxd("--database-url", wdb.url, "--schema", wdb.schema, "status", "--json")
+        assert r.rc == EXIT_OK, r
+        rows = [json.loads(line) for line in r.stdout.splitlines()]
+        return {k: sum(row.get(k, 0) for row in rows if "topic" in row) for k in ("pending", "in_flight")}
+
+    with Receiver(held) as rx:
+        r = relay(rx, "--concurrency", "4", env=WINDOWS)
+        ids = [wdb.enqueue("t", {"n": n}) for n in range(3)]
+        assert rx.wait_until(lambda reqs: len(reqs) >= 3, timeout=15), r.log()
+        seen = wait_until(lambda: (lambda c: c if c == {"pending": 0, "in_flight": 3} else None)(counts()), 10)
+        assert seen, counts()
+        gate.set()
+        assert wait_delivered(rx, ids, timeout=15), r.log()
+        assert wait_until(lambda: counts() == {"pending": 0, "in_flight": 0}, 10), counts()

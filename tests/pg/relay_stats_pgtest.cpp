@@ -127,3 +127,40 @@ TEST_CASE("relay stats and status: a window event its slot's cursor has passed i
     CHECK(rows[0].oldest_pending_seconds < 20);
     CHECK(db.query("SELECT count(*) FROM {s}.events") == "4");  // still there, for cleanup
 }
+
+TEST_CASE("relay stats and status: a window event read by the relay that owns its slot's cursor is in flight, "
+          "as of that relay's checkpoint") {
+    testing::installed db("pgt", "windows");
+    auto store = db.store("relay-a");
+    store.connect();
+    (void)db.query("WITH c AS (INSERT INTO {s}.cursors (destination, slot, snap_a, system_identifier) "
+                   "SELECT '', g, pg_current_snapshot(), (SELECT system_identifier FROM pg_control_system()) "
+                   "FROM generate_series(0, 63) g RETURNING 1) SELECT count(*) FROM c");
+    const auto read = db.enqueue(ev());
+    // A checkpoint of the window being sent: B sees `read`, nothing done in it yet.
+    (void)db.query(fmt::format("WITH c AS (UPDATE {{s}}.cursors SET snap_b = pg_current_snapshot(), done_below = {} "
+                               "RETURNING 1) SELECT count(*) FROM c",
+                               read));
+    [[maybe_unused]] const auto later = db.enqueue(ev());  // committed after that checkpoint's B
+    (void)db.query(fmt::format("WITH u AS (UPDATE {{s}}.events SET available_at = now() - interval '20 seconds' "
+                               "WHERE id = {} RETURNING 1) SELECT count(*) FROM u",
+                               read));
+
+    // No relay owns the cursors (it died, or released them): both are pending.
+    auto rows = pg::outbox_status(*db.admin, db.schema.name());
+    REQUIRE(rows.size() == 1);
+    CHECK(rows[0].pending == 2);
+    CHECK(rows[0].in_flight == 0);
+    CHECK(store.read_stats(100).oldest_pending_seconds >= 20);
+
+    (void)db.query("WITH c AS (UPDATE {s}.cursors SET owner = 'relay-a', epoch = 1 RETURNING 1) "
+                   "SELECT count(*) FROM c");
+    rows = pg::outbox_status(*db.admin, db.schema.name());
+    REQUIRE(rows.size() == 1);
+    CHECK(rows[0].in_flight == 1);  // `read`
+    CHECK(rows[0].pending == 1);    // `later`: no checkpoint has seen it read
+    CHECK(rows[0].oldest_pending_seconds < 20);
+    const auto s = store.read_stats(100);
+    CHECK(s.backlog == 2);  // undelivered, both
+    CHECK(s.oldest_pending_seconds < 20);
+}
