@@ -113,31 +113,26 @@ def test_a_relay_refuses_to_start_beside_a_live_relay_of_the_other_mode(outboxd,
     windows relay reads (sql/0015): whichever starts second refuses, exit 8,
     and starts once the other is gone."""
     _setup(outboxd, db, "windows")
-    claims = relay(receiver, env=CLAIMS)
-    first = db.enqueue("t", {"n": 1})
-    assert wait_delivered(receiver, [first], timeout=15), claims.log()
+    for n, (running, starting) in enumerate([("claims", "windows"), ("windows", "claims")]):
+        first = relay(receiver, env={"OUTBOXD_CONSUME": running})
+        event = db.enqueue("t", {"n": n})
+        assert wait_delivered(receiver, [event], timeout=15), first.log()
 
-    refused = relay(receiver, env=WINDOWS)
-    assert refused.wait(15) == EXIT_DB_UNSUITABLE, refused.log()
-    assert 'relay.consume = "windows": 1 relay(s) with relay.consume = "claims" are running' in refused.log()
-    assert claims.alive(), claims.log()
-    assert claims.stop() == EXIT_OK
-
-    windows = relay(receiver, env=WINDOWS)
-    second = db.enqueue("t", {"n": 2})
-    assert wait_delivered(receiver, [second], timeout=15), windows.log()
-    refused = relay(receiver, env=CLAIMS)
-    assert refused.wait(15) == EXIT_DB_UNSUITABLE, refused.log()
-    assert 'relay.consume = "claims": 1 relay(s) with relay.consume = "windows" are running' in refused.log()
-    assert windows.alive(), windows.log()
+        refused = relay(receiver, env={"OUTBOXD_CONSUME": starting})
+        assert refused.wait(15) == EXIT_DB_UNSUITABLE, refused.log()
+        assert (f'relay.consume = "{starting}": 1 relay(s) with relay.consume = "{running}" are running'
+                in refused.log())
+        assert first.alive(), first.log()
+        assert first.stop() == EXIT_OK  # the next round starts the other mode
     assert not duplicates(receiver.delivered_ids()), duplicates(receiver.delivered_ids())
 
 
 def test_a_windows_relay_leaves_what_a_claiming_relay_is_sending_and_says_stop_it(outboxd, db, relay):
-    """A claiming relay still running on the outbox holds leases (and key
+    """A claiming relay without live leases (registered nowhere, so not
+    refused for its mode) still running on the outbox holds leases (and key
     holds) on events from before the setup; the windows relay parks the rest
-    (here: delayed events), refuses with exit 8 and names the fix; once the claiming relay is gone
-    every event is delivered once, in key order."""
+    (here: delayed events), refuses with exit 8 and names the fix; once the
+    claiming relay is gone every event is delivered once, in key order."""
     gate = threading.Event()
 
     def held(_req):
