@@ -450,6 +450,11 @@ struct status_view {
     std::map<std::string, status_counts> destinations;
     std::map<std::string, std::string> circuits;  // destination -> what the live relays report
     std::optional<windows_report> windows;        // nullopt: read by claims
+    // The live relays (with live leases: registered in `relays`), and how
+    // many of them claim and read windows (sql/0015; older ones say neither).
+    std::int64_t live_relays = 0;
+    std::int64_t claiming_relays = 0;
+    std::int64_t windows_relays = 0;
 };
 
 status_view read_status(pqxx::connection& conn, const config& c) {
@@ -471,6 +476,9 @@ status_view read_status(pqxx::connection& conn, const config& c) {
         }
     }
     const auto reports = pg::published_circuits(conn, c.schema);
+    v.live_relays = reports.live_relays;
+    v.claiming_relays = reports.claiming;
+    v.windows_relays = reports.windows;
     for (auto& [name, counts] : v.destinations) {
         if (name == unrouted_bucket || name == no_route_bucket) continue;
         std::int64_t open = 0;
@@ -501,6 +509,8 @@ std::string render_status(const status_view& v) {
                            d.waiting_on_key, d.scheduled, d.in_flight, d.retrying, d.dead, d.oldest_pending_seconds,
                            circuit == v.circuits.end() ? "-" : circuit->second);
     }
+    out += fmt::format("\nrelays: {} live ({} claiming, {} reading windows)\n", v.live_relays, v.claiming_relays,
+                       v.windows_relays);
     if (v.windows) {
         out += '\n';
         for (const auto& line : windows_lines(*v.windows)) out += line + '\n';
@@ -531,7 +541,7 @@ nlohmann::json windows_json(const windows_report& w) {
 
 std::string render_status_json(const status_view& v) {
     // One object per line, like `dead list --json`: topics, then destinations,
-    // then the windows (only where relays read them).
+    // then the live relays, then the windows (only where relays read them).
     std::string out;
     for (const auto& [topic, t] : v.topics) {
         auto j = t.json();
@@ -545,6 +555,10 @@ std::string render_status_json(const status_view& v) {
         j["circuit"] = circuit == v.circuits.end() ? nlohmann::json() : nlohmann::json(circuit->second);
         out += j.dump() + '\n';
     }
+    out += nlohmann::json{{"relays",
+                           {{"live", v.live_relays}, {"claiming", v.claiming_relays}, {"windows", v.windows_relays}}}}
+               .dump() +
+           '\n';
     if (v.windows) out += nlohmann::json{{"windows", windows_json(*v.windows)}}.dump() + '\n';
     return out;
 }

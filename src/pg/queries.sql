@@ -1453,24 +1453,33 @@ ORDER BY 1, 2 NULLS FIRST;
 
 -- name: circuits
 -- Per destination, the circuits published by live relays (sql/0007): how
--- many report it open, and how many live relays there are. A relay is live
--- while its claiming session holds its advisory lock (sql/0006), which
--- pg_locks shows as classid (high 32 bits) and objid (low 32 bits).
+-- many report it open, and how many live relays there are, and of them how
+-- many registered as claiming and as reading windows (sql/0015; a relay
+-- older than 0015 is in neither). A relay is live while its claiming
+-- session holds its advisory lock (sql/0006), which pg_locks shows as
+-- classid (high 32 bits) and objid (low 32 bits).
 WITH live AS (
-    SELECT r.lease_owner, r.circuits
+    SELECT r.lease_owner, r.circuits, r.consume
     FROM :"schema".relays r
     WHERE EXISTS (SELECT 1 FROM pg_locks l
                   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                     AND ((l.classid::bigint << 32) | l.objid::bigint) = r.lock_key)
+), counts AS (
+    SELECT count(*) AS relays,
+           count(*) FILTER (WHERE consume = 'claims') AS claiming,
+           count(*) FILTER (WHERE consume = 'windows') AS windows
+    FROM live
 )
 SELECT c.key AS destination,
        count(*) FILTER (WHERE c.value ->> 'state' = 'open') AS open,
-       (SELECT count(*) FROM live) AS relays
+       (SELECT relays FROM counts) AS relays,
+       (SELECT claiming FROM counts) AS claiming,
+       (SELECT windows FROM counts) AS windows
 FROM live CROSS JOIN LATERAL jsonb_each(live.circuits) AS c
 GROUP BY c.key
 UNION ALL
-SELECT NULL, 0, (SELECT count(*) FROM live)
+SELECT NULL, 0, relays, claiming, windows FROM counts
 ORDER BY 1 NULLS FIRST;
 
 -- name: windows_cursors_status

@@ -37,6 +37,8 @@ circuit_reports published_circuits(pqxx::connection& conn, const std::string& sc
     circuit_reports out;
     for (const auto& row : exec<q::circuits>(tx, book)) {
         out.live_relays = row[col::relays].as<std::int64_t>();
+        out.claiming = row[col::claiming].as<std::int64_t>();
+        out.windows = row[col::windows].as<std::int64_t>();
         if (row[col::destination].is_null()) continue;
         out.destinations.push_back({row[col::destination].c_str(), row[col::open].as<std::int64_t>()});
     }

@@ -42,6 +42,8 @@ struct circuit_report {
 };
 struct circuit_reports {
     std::int64_t live_relays = 0;
+    std::int64_t claiming = 0;  // of them, registered with relay.consume = "claims" (sql/0015)
+    std::int64_t windows = 0;   // and with "windows"; older relays are in neither
     std::vector<circuit_report> destinations;  // those some relay has reported on
 };
 

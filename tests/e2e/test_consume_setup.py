@@ -5,6 +5,7 @@ reordering any of them: a windows relay parks them itself."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 
@@ -123,6 +124,11 @@ def test_a_relay_refuses_to_start_beside_a_live_relay_of_the_other_mode(outboxd,
         assert (f'relay.consume = "{starting}": 1 relay(s) with relay.consume = "{running}" are running'
                 in refused.log())
         assert first.alive(), first.log()
+        # `outboxd status` says which mode the live relays use.
+        status = outboxd("status", "--json", "--database-url", db.url, "--schema", db.schema)
+        assert status.rc == EXIT_OK, status
+        relays = next(row["relays"] for row in map(json.loads, status.stdout.splitlines()) if "relays" in row)
+        assert relays == {"live": 1, "claiming": int(running == "claims"), "windows": int(running == "windows")}
         assert first.stop() == EXIT_OK  # the next round starts the other mode
     assert not duplicates(receiver.delivered_ids()), duplicates(receiver.delivered_ids())
 
