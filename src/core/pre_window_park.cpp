@@ -1,6 +1,5 @@
 #include "core/pre_window_park.hpp"
 
-#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -15,9 +14,8 @@ window_park park_pre_window(const pre_window_event& e, const route_table& routes
         park.owed.push_back({name, std::chrono::milliseconds(0), e.attempts, e.last_error});
     };
     if (!e.only_to.empty()) {
-        if (const auto bad = std::find_if_not(e.only_to.begin(), e.only_to.end(), valid_destination_name);
-            bad != e.only_to.end()) {
-            dead(fmt::format("the event names a destination that cannot exist: '{}'", *bad));
+        if (auto why = impossible_destination(e.only_to)) {
+            dead(std::move(*why));
             return park;
         }
         // Known to this relay or not: a relay that knows it delivers it.
@@ -26,9 +24,9 @@ window_park park_pre_window(const pre_window_event& e, const route_table& routes
     }
     const auto targets = routes.match(e.topic);
     if (targets.empty()) {
-        dead(fmt::format("no route matches topic '{}'; dead-lettered when windows took over the events written "
-                         "before them (replay it once a route matches)",
-                         e.topic));
+        dead(fmt::format("{}; dead-lettered when windows took over the events written before them (replay it "
+                         "once a route matches)",
+                         no_route_error(e.topic)));
         return park;
     }
     for (const auto i : targets) owe(destinations[i].name);

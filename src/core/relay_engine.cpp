@@ -517,12 +517,10 @@ void relay_engine::deliver(std::shared_ptr<const event> e, steady_time lease_end
         unroutable(*e);
         return;
     }
-    if (const auto bad = std::find_if_not(e->only_to.begin(), e->only_to.end(), valid_destination_name);
-        bad != e->only_to.end()) {
-        // events.destinations is written by replays, but nothing stops other
-        // writers: a name no destination can have can never be delivered
-        // (and no delivery row may carry it).
-        bury_unsendable(*e, fmt::format("the event names a destination that cannot exist: '{}'", *bad));
+    if (const auto why = impossible_destination(e->only_to)) {
+        // A name no destination can have can never be delivered (and no
+        // delivery row may carry it).
+        bury_unsendable(*e, *why);
         return;
     }
     if (targets.size() < e->only_to.size()) {
@@ -943,7 +941,7 @@ void relay_engine::bury_unsendable(const event& e, const std::string& why) {
 // With an ordering key it would hold back every later event of its key
 // meanwhile: it becomes a dead letter at once instead.
 void relay_engine::unroutable(const event& e) {
-    const auto why = fmt::format("no route matches topic '{}'", e.topic);
+    const auto why = no_route_error(e.topic);
     if (e.window_slot) {
         // A window event has no row of its own to wait in (the cursor moves
         // past it): a dead letter at once, to be replayed.

@@ -62,4 +62,12 @@ std::vector<std::size_t> route_table::match(std::string_view topic) const {
     return out;
 }
 
+std::optional<std::string> impossible_destination(const std::vector<std::string>& names) {
+    const auto bad = std::find_if_not(names.begin(), names.end(), valid_destination_name);
+    if (bad == names.end()) return std::nullopt;
+    return fmt::format("the event names a destination that cannot exist: '{}'", *bad);
+}
+
+std::string no_route_error(std::string_view topic) { return fmt::format("no route matches topic '{}'", topic); }
+
 }  // namespace outboxd

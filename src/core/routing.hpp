@@ -9,6 +9,8 @@
 // one event are always attempted in the same order.
 
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -36,5 +38,13 @@ private:
     std::vector<compiled_route> routes_;
     std::size_t destination_count_ = 0;
 };
+
+// Why an event that names its destinations (events.destinations, written by
+// replays, but by any writer) can never be delivered: the first name no
+// destination can have; nullopt when every name could be one.
+[[nodiscard]] std::optional<std::string> impossible_destination(const std::vector<std::string>& names);
+
+// Why an event is routed nowhere (the start of its error or dead letter).
+[[nodiscard]] std::string no_route_error(std::string_view topic);
 
 }  // namespace outboxd
