@@ -11,9 +11,12 @@
 #                       (repeatable; default all but the last four; js-*: into a
 #                       JetStream stream; -kN: ordering keys over N keys)
 #   --relay NAME        outboxd | outboxd-windows | baseline | windows (repeatable, the order within a
-#                       round; default outboxd and baseline; outboxd-windows:
-#                       outboxd with relay.consume = "windows"; windows: the
-#                       commit-ordered windows prototype, bench/windows/)
+#                       round; default outboxd and baseline; outboxd: as
+#                       configured by default (relay.consume = "auto": windows
+#                       on the freshly migrated outbox, since sql/0016;
+#                       OUTBOXD_CONSUME=claims in the environment for claims);
+#                       outboxd-windows: outboxd with relay.consume = "windows";
+#                       windows: the commit-ordered windows prototype, bench/windows/)
 #   --quick             shortened scenarios for a smoke run (~2 minutes)
 #   --backlog-count N   events in every backlog scenario (keyed and -20k ones too)
 #   --concurrency N     passed to `outboxd run` (default: outboxd's own)
@@ -109,8 +112,9 @@ build/outboxd --database-url "$url" migrate >&2
 # OUTBOXD_WAKE (the relay's wake mode, from the environment): what it needs
 # in the database, e.g. the publication for wal, no trigger for poll.
 [[ -z ${OUTBOXD_WAKE:-} ]] || build/outboxd --database-url "$url" wake-setup "$OUTBOXD_WAKE" >&2
-# OUTBOXD_CONSUME likewise, and relay outboxd-windows: windows need the txid
-# default and its index (then every relay's producers pay for them).
+# OUTBOXD_CONSUME likewise (migrate sets the outbox up for windows; claims
+# takes that away), and relay outboxd-windows: windows need the txid default
+# and its index (then every relay's producers pay for them).
 consume=${OUTBOXD_CONSUME:-}
 ((outboxd_windows)) && consume=windows
 [[ -z $consume ]] || build/outboxd --database-url "$url" consume-setup "$consume" >&2

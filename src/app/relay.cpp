@@ -27,6 +27,7 @@
 #include "app/wal_wake_checks.hpp"
 #include "core/claim_sequence.hpp"
 #include "core/clock.hpp"
+#include "core/consume_choice.hpp"
 #include "core/dsn.hpp"
 #include "core/duration.hpp"
 #include "core/embedded_sql.hpp"
@@ -209,6 +210,7 @@ private:
             store_.connect();
             check_schema(store_.schema_version());
             message_prefix_ = store_.message_prefix();
+            settle_consume_mode();
             // Before anything is written (a standby refuses writes with a
             // message that does not say why).
             if (cfg().consume == "windows") store_.check_window_server();
@@ -273,6 +275,39 @@ private:
             feed_wake([&](wake_policy& w, auto now) { return trigger_installed ? w.listening(now) : w.no_trigger(now); });
         }
         feed([this](relay_engine& e) { e.start(message_prefix_, opts_.mode); });
+    }
+
+    // relay.consume = "auto" (the default): the mode this relay runs in,
+    // from the database (core/consume_choice.hpp). The engine is rebuilt for
+    // it before it is given anything: from here on the configuration holds
+    // the mode chosen. Two relays that choose at once see each other in
+    // refuse_beside_relays_consuming_otherwise() below.
+    void settle_consume_mode() {
+        if (cfg().consume == "auto") {
+            consume_facts facts;
+            facts.live_leases = cfg().live_leases;
+            if (facts.live_leases) {
+                facts.windows_set_up = store_.windows_set_up();
+                for (auto& r : store_.live_relays()) facts.live_relay_modes.push_back(std::move(r.consume));
+            }
+            const auto chosen = outboxd::choose_consume_mode(facts);
+            consume_reason_ = outboxd::describe(chosen.why);
+            auto settings = cfg();
+            settings.consume = chosen.mode;
+            engine_.reset();
+            config_ = std::make_unique<const config>(std::move(settings));
+            engine_ = std::make_unique<relay_engine>(*config_, clock_, std::random_device{}());
+            engine_->observe(&telemetry_);
+            store_.set_consume_windows(cfg().consume == "windows");
+            if (chosen.why == consume_choice::because::joins_live_relays) return;
+        }
+        // A relay that claims by choice, not to join relays that claim,
+        // beside the txid default and index nobody reads.
+        if (cfg().consume == "claims" && store_.windows_set_up()) {
+            log::warn("relay.consume = \"claims\" on an outbox set up for windows: producers pay one index entry "
+                      "per event that no relay reads (run `outboxd consume-setup claims` to drop it, once no "
+                      "relay reads windows)");
+        }
     }
 
     // A claiming relay and a windows relay side by side both send what the
@@ -460,6 +495,8 @@ private:
                                     {"lease", format_duration(cfg().lease)},
                                     {"sweep_interval", format_duration(cfg().sweep_interval)},
                                     {"wake", cfg().wake},
+                                    {"consume", cfg().consume},
+                                    {"consume_because", std::string(consume_reason_)},
                                     {"lease_owner", opts_.lease_owner},
                                     {"mode", opts_.mode == run_mode::once ? "once" : "serve"}});
     }
@@ -565,20 +602,23 @@ private:
             log::warn("SIGHUP ignored: this relay cannot read its configuration again");
             return;
         }
-        std::unique_ptr<const config> fresh;
+        std::unique_ptr<config> fresh;
         try {
-            fresh = std::make_unique<const config>(opts_.reload());
+            fresh = std::make_unique<config>(opts_.reload());
         } catch (const std::exception& e) {
             log::error("reload refused: the configuration is not valid; running on with the current one",
                        {{"error", e.what()}});
             return;
         }
-        if (const auto why = needs_restart(cfg(), *fresh)) {
+        // Against the configuration as started: relay.consume "auto" there,
+        // the chosen mode in cfg().
+        if (const auto why = needs_restart(opts_.settings, *fresh)) {
             log::error("reload refused: a setting changed that only a restart applies; running on with the "
                        "current configuration",
                        {{"setting", *why}});
             return;
         }
+        fresh->consume = cfg().consume;  // as chosen at startup
         const bool draining = next_config_ != nullptr;
         next_config_ = std::move(fresh);
         if (draining) return;  // the newest file wins when the drain ends
@@ -1006,6 +1046,7 @@ private:
     bool feeding_ = false;
     int exit_code_ = exit_ok;
     std::optional<fatal_error> refusal_;  // refuse_windows()
+    std::string_view consume_reason_ = "configured";  // why cfg().consume (settle_consume_mode())
 };
 
 }  // namespace

@@ -101,9 +101,12 @@ struct config {
     // claim every poll_interval).
     std::string wake = "auto";
     // Where the relay takes events from: "claims" (lease each event, delete
-    // it when delivered) or "windows" (read commit-ordered windows, no write
-    // per event: docs/windows-in-the-relay.md; needs migration 0009).
-    std::string consume = "claims";
+    // it when delivered), "windows" (read commit-ordered windows, no write
+    // per event: docs/windows-in-the-relay.md; the outbox set up for it, as
+    // sql/0016 leaves it), or "auto": windows unless the relay cannot read
+    // them or must join relays that claim (core/consume_choice.hpp). A
+    // running relay's configuration holds the mode it chose, never "auto".
+    std::string consume = "auto";
     // poll mode's claim interval; also how often a relay whose notifications
     // do not arrive (the self-test failed) claims instead.
     std::chrono::milliseconds poll_interval{500};

@@ -26,7 +26,7 @@ constexpr milliseconds min_db_keepalive_timeout = 1s;
 constexpr std::array<std::string_view, 4> log_levels{"debug", "info", "warn", "error"};  // log::parse_level
 constexpr std::array<std::string_view, 2> log_formats{"logfmt", "json"};
 constexpr std::array<std::string_view, 4> wake_modes{"auto", "notify", "poll", "wal"};
-constexpr std::array<std::string_view, 2> consume_modes{"claims", "windows"};
+constexpr std::array<std::string_view, 3> consume_modes{"auto", "claims", "windows"};
 
 using c = config;
 using d = destination_config;

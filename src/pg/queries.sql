@@ -1642,6 +1642,18 @@ FROM (SELECT lease_owner, lock_key, consume FROM :"schema".relays
 WHERE NOT pg_try_advisory_xact_lock(o.lock_key)
 ORDER BY o.lease_owner;
 
+-- name: live_relay_modes
+-- params: owner
+-- The other live relays (their session lock is held) and their consume
+-- mode ('' for a relay older than 0015), for relay.consume = "auto" before
+-- it registers (core/consume_choice.hpp). In a transaction of its own, as
+-- relays_consuming_otherwise. OFFSET 0: the lock is tried only for rows
+-- past the filter.
+SELECT o.lease_owner, coalesce(o.consume, '') AS consume
+FROM (SELECT lease_owner, lock_key, consume FROM :"schema".relays WHERE lease_owner <> $1 OFFSET 0) AS o
+WHERE NOT pg_try_advisory_xact_lock(o.lock_key)
+ORDER BY o.lease_owner;
+
 -- name: publish_circuit
 -- params: owner, destination, state
 -- One of our circuits opened or closed (sql/0007): state is its JSON.

@@ -479,18 +479,35 @@ void store::register_session(pqxx::connection& c, int tries) {
     }
 }
 
+namespace {
+
+// relays_consuming_otherwise, live_relay_modes: live relays and their mode,
+// in a transaction of its own (the dead relays' locks it got go with it).
+template <typename Args>
+std::vector<store::registered_relay> read_live_relays(pqxx::connection& c, const query_book& book,
+                                                      const Args& args) {
+    using col = typename query_of<Args>::col;
+    std::vector<store::registered_relay> out;
+    pqxx::work tx(c);
+    for (const auto& row : exec_params(tx, book, args)) {
+        out.push_back({row[col::lease_owner].template as<std::string>(), row[col::consume].template as<std::string>()});
+    }
+    tx.commit();
+    return out;
+}
+
+}  // namespace
+
 std::vector<store::registered_relay> store::relays_consuming_otherwise() {
     return session_.run([&](pqxx::connection& c) {
-        using col = q::relays_consuming_otherwise::col;
-        std::vector<registered_relay> out;
-        pqxx::work tx(c);  // the dead relays' locks it got go with it
-        const auto args = q::relays_consuming_otherwise::args{.owner = owner_, .consume = consume_mode()};
-        for (const auto& row : exec_params(tx, queries_, args)) {
-            out.push_back({row[col::lease_owner].as<std::string>(), row[col::consume].as<std::string>()});
-        }
-        tx.commit();
-        return out;
+        return read_live_relays(c, queries_,
+                                q::relays_consuming_otherwise::args{.owner = owner_, .consume = consume_mode()});
     });
+}
+
+std::vector<store::registered_relay> store::live_relays() {
+    return session_.run(
+        [&](pqxx::connection& c) { return read_live_relays(c, queries_, q::live_relay_modes::args{.owner = owner_}); });
 }
 
 void store::hold_session_lock(pqxx::connection& c) {

@@ -174,6 +174,10 @@ public:
         std::string consume;
     };
     [[nodiscard]] std::vector<registered_relay> relays_consuming_otherwise();
+    // Every other live relay registered here, with its mode ('' when older
+    // than sql/0015): what relay.consume = "auto" joins. Before our own
+    // registration.
+    [[nodiscard]] std::vector<registered_relay> live_relays();
     struct takeover {
         std::vector<std::string> relays;  // lease owners found dead
         std::size_t leases = 0;           // events and deliveries handed back

@@ -13,10 +13,19 @@ import pytest
 from psycopg2 import sql
 
 
+def suite_consume_mode() -> str:
+    """The consume mode the suite runs its relays in and sets its outboxes up
+    for (OUTBOXD_TEST_CONSUME: "claims", the default, or "windows"; see
+    conftest.py)."""
+    mode = os.environ.get("OUTBOXD_TEST_CONSUME", "claims")
+    if mode not in ("claims", "windows"):
+        raise ValueError(f"OUTBOXD_TEST_CONSUME must be claims or windows, not {mode!r}")
+    return mode
+
+
 def suite_reads_windows() -> bool:
-    """Whether the suite runs its relays reading windows
-    (OUTBOXD_TEST_CONSUME=windows, see conftest.py)."""
-    return os.environ.get("OUTBOXD_TEST_CONSUME") == "windows"
+    """Whether the suite runs its relays reading windows."""
+    return suite_consume_mode() == "windows"
 
 
 def claims_only(why: str):

@@ -1,6 +1,6 @@
-"""`outboxd consume-setup claims|windows`: what producers pay for windows is
-installed only when asked, a windows relay refuses an outbox not set up for
-it, and an outbox with pending events moves to windows without losing or
+"""`outboxd consume-setup claims|windows`: what producers pay for windows
+(installed by migrate since sql/0016) is taken away and put back when asked,
+a windows relay refuses an outbox not set up for it, and an outbox with pending events moves to windows without losing or
 reordering any of them: a windows relay parks them itself."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_SCHEMA_MISSING, Db, apply_printed_sql, install_sql_files
 from receiver import Receiver
-from helpers import claims_only, duplicates, wait_delivered, wait_until
+from helpers import duplicates, wait_delivered, wait_until
 
 WINDOWS = {"OUTBOXD_CONSUME": "windows"}
 CLAIMS = {"OUTBOXD_CONSUME": "claims"}
@@ -47,7 +47,7 @@ def _in_key_order(arrivals, by_key: dict) -> None:
 
 
 def test_windows_is_installed_only_when_asked_and_claims_takes_it_away(outboxd, db):
-    _setup(outboxd, db, "claims")  # whatever mode the suite runs in: as `migrate` leaves it
+    _setup(outboxd, db, "claims")  # whatever mode the suite runs in
     assert _windows_state(db) == {"default": None, "indexes": []}
     before = db.enqueue("t", {"n": 1})
     assert db.scalar("SELECT txid FROM {s}.events WHERE id = %s", (before,)) is None
@@ -223,13 +223,13 @@ def test_consume_setup_on_an_outbox_older_than_the_binary_says_migrate(outboxd, 
     assert "older than this binary; run `outboxd migrate`" in r.stderr, r
 
 
-@claims_only("in windows mode the outboxd fixture sets every outbox it migrates up for windows")
-def test_migration_0011_takes_the_windows_setup_away_unless_a_windows_relay_has_used_the_outbox(
+def test_migration_0011_takes_the_windows_setup_away_unless_a_windows_relay_has_used_the_outbox_and_0016_sets_it_up(
         outboxd, database_url, make_schema, request):
     """0009 as first released set the txid default and built both indexes on
     every outbox. 0011 removes them where no windows relay has a cursor
     (producers stop paying), and keeps them where one has (taking the default
-    away would hide every later event from that relay)."""
+    away would hide every later event from that relay). 0016 (windows the
+    default) sets both up again, whichever state it finds."""
     unused, in_use = make_schema(migrate=False), make_schema(migrate=False)
     dbs = []
     for name in (unused, in_use):
@@ -247,7 +247,12 @@ def test_migration_0011_takes_the_windows_setup_away_unless_a_windows_relay_has_
     dbs[1].query("INSERT INTO {s}.cursors (destination, slot, snap_a, system_identifier) "
                  "VALUES ('', 0, pg_current_snapshot(), (SELECT system_identifier FROM pg_control_system()))")
     for name in (unused, in_use):
+        install_sql_files(database_url, name, 11, after=9)
+    assert _windows_state(dbs[0]) == {"default": None, "indexes": []}
+    assert _windows_state(dbs[1]) == windows
+    for name in (unused, in_use):
         r = outboxd("--database-url", database_url, "--schema", name, "migrate")
         assert r.rc == EXIT_OK, r
-    assert _windows_state(dbs[0]) == {"default": None, "indexes": []}
+        assert "version=0016" in r.stderr, r
+    assert _windows_state(dbs[0]) == windows
     assert _windows_state(dbs[1]) == windows

@@ -47,7 +47,7 @@ void set_up_consume(pqxx::connection& c, const std::string& schema, std::string_
 // The outbox, migrated into a fresh schema (dropped afterwards), and an
 // admin connection to look at it with. The one way tests install it.
 // consume: the state `outboxd consume-setup` puts the events table in
-// ("claims", as migrate leaves it, or "windows").
+// ("claims", or "windows" as migrate leaves it since sql/0016).
 struct installed {
     explicit installed(std::string prefix = "pgt", std::string_view consume = "claims");
 
