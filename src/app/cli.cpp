@@ -201,8 +201,10 @@ Commands:
   consume-setup claims|windows [--print]
               put in the database what relay.consume = MODE needs, in one transaction:
               windows: every new event records its transaction's id, and the index the
-              window read uses (producers pay one more index entry per event); claims:
-              removes both (refused while windows relays run). --print: print the SQL
+              window read uses (producers pay one more index entry per event; migrate
+              sets this up); claims: removes both (refused while windows relays run), and
+              relays with relay.consume = "auto" (the default) then claim. --print: print
+              the SQL
   cursor reset
               forget where windows relays are (relay.consume = "windows"): every event
               still in the outbox is read, and sent, again. For a relay that refused to
