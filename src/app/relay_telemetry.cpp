@@ -140,6 +140,13 @@ relay_telemetry::~relay_telemetry() {
 }
 
 void relay_telemetry::start() {
+    // Here, not in the constructor: relay.consume = "auto" is settled at
+    // startup, before this (relay.cpp settle_consume_mode()).
+    registry_
+        .add_gauge("outboxd_consume_mode", "The mode this relay takes events in (relay.consume), as a label; always 1.",
+                   {"mode"})
+        .with({cfg().consume})
+        .set(1);
     if (!cfg().admin_listen.empty()) {
         const auto at = parse_listen_address(cfg().admin_listen);
         admin_ = std::make_unique<http::admin_server>(ioc_, at, [this](std::string_view path) { return answer(path); });

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 from conftest import EXIT_OK, Db, install_sql_files
 from helpers import duplicates, wait_delivered, wait_until
+from test_metrics import admin_port, scrape, value
 
 AUTO = {"OUTBOXD_CONSUME": "auto"}
 
@@ -38,8 +39,11 @@ def _setup(outboxd, db, mode: str) -> None:
 
 def test_a_freshly_migrated_outbox_is_read_in_windows(outboxd, db, relay, receiver):
     _setup(outboxd, db, "windows")  # as migrate leaves it, whatever mode the suite runs in
-    r = relay(receiver, env=AUTO)
+    r = relay(receiver, "--admin-listen", "127.0.0.1:0", env=AUTO)
     assert _started(r) == {"consume": "windows", "consume_because": "the default"}
+    metrics = scrape(admin_port(r))
+    assert value(metrics, "outboxd_consume_mode", mode="windows") == 1
+    assert value(metrics, "outboxd_consume_mode", mode="auto") == 0
     ids = [db.enqueue("t", {"n": i}, key=f"k{i % 2}") for i in range(20)]
     assert wait_delivered(receiver, ids, timeout=15), r.log()
     assert _live_relays(outboxd, db) == {"live": 1, "claiming": 0, "windows": 1}
@@ -52,8 +56,9 @@ def test_a_freshly_migrated_outbox_is_read_in_windows(outboxd, db, relay, receiv
 
 def test_an_outbox_set_up_for_claims_is_claimed(outboxd, db, relay, receiver):
     _setup(outboxd, db, "claims")
-    r = relay(receiver, env=AUTO)
+    r = relay(receiver, "--admin-listen", "127.0.0.1:0", env=AUTO)
     assert _started(r) == {"consume": "claims", "consume_because": "the outbox is set up for claims"}
+    assert value(scrape(admin_port(r)), "outboxd_consume_mode", mode="claims") == 1
     ids = [db.enqueue("t", {"n": i}) for i in range(5)]
     assert wait_delivered(receiver, ids, timeout=15), r.log()
     assert db.wait_empty(10), db.events()  # claimed events are deleted once delivered
