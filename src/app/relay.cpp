@@ -299,7 +299,14 @@ private:
             engine_ = std::make_unique<relay_engine>(*config_, clock_, std::random_device{}());
             engine_->observe(&telemetry_);
             store_.set_consume_windows(cfg().consume == "windows");
-            if (chosen.why == consume_choice::because::joins_live_relays) return;
+            if (chosen.why == consume_choice::because::joins_live_relays) {
+                if (cfg().consume == "claims" && facts.windows_set_up) {
+                    log::info("relay.consume = \"auto\" claims beside the claiming relays already running; the "
+                              "outbox is set up for windows, and its relays read windows once every relay has "
+                              "stopped and one starts again");
+                }
+                return;
+            }
         }
         // A relay that claims by choice, not to join relays that claim,
         // beside the txid default and index nobody reads.

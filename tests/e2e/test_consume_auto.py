@@ -128,6 +128,7 @@ def test_upgrading_to_0016_under_load_loses_nothing_and_switches_to_windows_at_t
     enqueue(8, "after-0016")
     new = relay(receiver, schema=name, env=AUTO)
     assert _started(new) == {"consume": "claims", "consume_because": "the mode of the relays already running"}
+    assert "read windows once every relay has stopped and one starts again" in new.log()
     enqueue(8, "both-running")
     assert old.stop() == EXIT_OK
     assert new.stop() == EXIT_OK
