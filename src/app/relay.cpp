@@ -324,15 +324,21 @@ private:
     // refuses. Relays without live leases register nowhere and are not seen.
     void refuse_beside_relays_consuming_otherwise() {
         const auto others = store_.relays_consuming_otherwise();
-        if (others.empty()) return;
-        throw fatal_error(
+        if (!others.empty()) throw mode_conflict(others, "");
+    }
+
+    [[nodiscard]] fatal_error mode_conflict(const std::vector<pg::store::registered_relay>& others,
+                                            std::string_view when) const {
+        return fatal_error(
             exit_db_unsuitable,
             fmt::format("relay.consume = \"{}\": {} relay(s) with relay.consume = \"{}\" are running on this outbox "
-                        "(lease owner {}); every relay of one outbox must use the same mode (side by side they send "
+                        "(lease owner {}){}; every relay of one outbox must use the same mode (side by side they send "
                         "events twice, a key's events possibly out of order): stop them first, or start this one "
-                        "with relay.consume = \"{}\"",
-                        cfg().consume, others.size(), others.front().consume, others.front().lease_owner,
-                        others.front().consume));
+                        "with relay.consume = \"{}\"{}",
+                        cfg().consume, others.size(), others.front().consume, others.front().lease_owner, when,
+                        others.front().consume,
+                        opts_.settings.consume == "auto" ? " (relay.consume = \"auto\" joins them when started again)"
+                                                         : ""));
     }
 
     // Events written before `outboxd consume-setup windows` are in no window:
@@ -734,7 +740,14 @@ private:
                     }
                 });
             } catch (const window_unsafe& e) {
-                net::post(ioc_, [this, why = std::string(e.what())] { refuse_windows(why); });
+                net::post(ioc_, [this, why = std::string(e.what())] { refuse(exit_window_unsafe, why); });
+            } catch (const pg::store::consume_mode_conflict& e) {
+                // Re-registered after a lost connection beside relays of the
+                // other mode (store.hpp): the claim was not run.
+                net::post(ioc_, [this, conflict = mode_conflict(e.others, " (found when this relay registered again "
+                                                                          "after its connection was lost)")] {
+                    refuse(conflict.code, conflict.what());
+                });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
                     feed_from(epoch, [&](relay_engine& en) { en.claim_failed(why); });
@@ -886,7 +899,7 @@ private:
                     feed_from(epoch, [&](relay_engine& e) { e.cursors_taken(std::move(got.taken), got.share); });
                 });
             } catch (const window_unsafe& e) {
-                net::post(ioc_, [this, why = std::string(e.what())] { refuse_windows(why); });
+                net::post(ioc_, [this, why = std::string(e.what())] { refuse(exit_window_unsafe, why); });
             } catch (const std::exception& e) {
                 net::post(ioc_, [this, epoch, why = scrub_secrets(e.what(), opts_.dsn)] {
                     feed_from(epoch, [&](relay_engine& en) { en.cursors_take_failed(why); });
@@ -1003,12 +1016,13 @@ private:
         });
     }
 
-    // A window must not be read against this server (core/window_safety.hpp):
-    // stop at once and read nothing more; an operator has to look. What is
-    // in flight is not recorded: it is sent again later (at-least-once).
-    void refuse_windows(const std::string& why) {
+    // A window must not be read against this server (core/window_safety.hpp),
+    // or relays of the other consume mode run beside this one: stop at once
+    // and take nothing more. What is in flight is not recorded: it is sent
+    // again later (at-least-once).
+    void refuse(int code, const std::string& why) {
         if (refusal_) return;
-        refusal_.emplace(exit_window_unsafe, why);
+        refusal_.emplace(code, why);
         ioc_.stop();
     }
 
@@ -1052,7 +1066,7 @@ private:
     std::array<net::steady_timer, relay_timer_count> timers_;  // indexed by relay_timer
     bool feeding_ = false;
     int exit_code_ = exit_ok;
-    std::optional<fatal_error> refusal_;  // refuse_windows()
+    std::optional<fatal_error> refusal_;  // refuse()
     std::string_view consume_reason_ = "configured";  // why cfg().consume (settle_consume_mode())
 };
 

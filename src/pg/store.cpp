@@ -3,6 +3,7 @@
 #include "pg/store.hpp"
 
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <pqxx/pqxx>
@@ -463,22 +464,6 @@ void store::bind_leases_to_session() {
     }
 }
 
-// Before any claim on a session: a lease it stamps is then covered by the
-// lock (see register_relay), or, while our previous session still holds it,
-// by that one.
-void store::register_session(pqxx::connection& c, int tries) {
-    // A previous session that we closed ends at the server a moment later:
-    // a few tries at connect cover that; one that lingers (a partition) is
-    // tried once more at each claim, not waited for there.
-    for (int attempt = 0; attempt < tries; ++attempt) {
-        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        pqxx::nontransaction tx(c);
-        const auto args = q::register_relay::args{.owner = owner_, .consume = consume_mode()};
-        holds_session_lock_ = !exec_params(tx, queries_, args).empty();
-        if (holds_session_lock_) return;
-    }
-}
-
 namespace {
 
 // relays_consuming_otherwise, live_relay_modes: live relays and their mode,
@@ -497,6 +482,34 @@ std::vector<store::registered_relay> read_live_relays(pqxx::connection& c, const
 }
 
 }  // namespace
+
+// Before any claim on a session: a lease it stamps is then covered by the
+// lock (see register_relay), or, while our previous session still holds it,
+// by that one.
+void store::register_session(pqxx::connection& c, int tries) {
+    // A previous session that we closed ends at the server a moment later:
+    // a few tries at connect cover that; one that lingers (a partition) is
+    // tried once more at each claim, not waited for there.
+    for (int attempt = 0; attempt < tries; ++attempt) {
+        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        {
+            pqxx::nontransaction tx(c);
+            const auto args = q::register_relay::args{.owner = owner_, .consume = consume_mode()};
+            holds_session_lock_ = !exec_params(tx, queries_, args).empty();
+        }
+        if (holds_session_lock_) {
+            // The first registration is checked by the relay at startup
+            // (relays_consuming_otherwise()); a later one here, after it
+            // committed, as at startup.
+            if (std::exchange(registered_before_, true)) {
+                auto others = read_live_relays(
+                    c, queries_, q::relays_consuming_otherwise::args{.owner = owner_, .consume = consume_mode()});
+                if (!others.empty()) throw consume_mode_conflict(std::move(others));
+            }
+            return;
+        }
+    }
+}
 
 std::vector<store::registered_relay> store::relays_consuming_otherwise() {
     return session_.run([&](pqxx::connection& c) {

@@ -174,6 +174,17 @@ public:
         std::string consume;
     };
     [[nodiscard]] std::vector<registered_relay> relays_consuming_otherwise();
+    // Thrown by the call that registers this relay again on a new
+    // connection (after a lost one) when live relays of the other mode are
+    // registered: one started while this relay's session was gone and it
+    // looked dead (with relay.consume = "auto", one that chose windows).
+    // The connection is dropped, so the relay looks dead again; it must not
+    // go on taking events.
+    struct consume_mode_conflict : std::runtime_error {
+        explicit consume_mode_conflict(std::vector<registered_relay> live)
+            : std::runtime_error("live relays of the other consume mode"), others(std::move(live)) {}
+        std::vector<registered_relay> others;
+    };
     // Every other live relay registered here, with its mode ('' when older
     // than sql/0015): what relay.consume = "auto" joins. Before our own
     // registration.
@@ -435,6 +446,7 @@ private:
     session session_;
     bool bound_to_session_ = false;
     bool holds_session_lock_ = false;
+    bool registered_before_ = false;  // a registration that follows is after a lost connection
     // check_window_server(): the cluster the relay's cursors were checked
     // on, and whether this connection has not checked them yet (set by
     // every new connection).

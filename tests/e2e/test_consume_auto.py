@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from datetime import datetime, timedelta, timezone
 
-from conftest import EXIT_OK, Db, install_sql_files
+from psycopg2 import sql
+
+from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, Db, admin_execute, install_sql_files
 from helpers import duplicates, wait_delivered, wait_until
 from test_metrics import admin_port, scrape, value
 
@@ -95,6 +98,8 @@ def test_a_new_relay_joins_the_mode_of_the_live_relays(outboxd, db, relay, recei
         assert _live_relays(outboxd, db)["live"] == 2
         assert first.stop() == EXIT_OK
         assert joining.stop() == EXIT_OK
+        # Their sessions end at the server a moment after the processes.
+        assert wait_until(lambda: _live_relays(outboxd, db)["live"] == 0, 15)
     assert not duplicates(receiver.delivered_ids()), duplicates(receiver.delivered_ids())
 
 
@@ -132,6 +137,7 @@ def test_upgrading_to_0016_under_load_loses_nothing_and_switches_to_windows_at_t
     enqueue(8, "both-running")
     assert old.stop() == EXIT_OK
     assert new.stop() == EXIT_OK
+    assert wait_until(lambda: _live_relays(outboxd, db)["live"] == 0, 15)
 
     enqueue(8, "stopped")
     windows = relay(receiver, schema=name, env=AUTO)
@@ -149,3 +155,42 @@ def test_upgrading_to_0016_under_load_loses_nothing_and_switches_to_windows_at_t
         seen = [r.event_id for r in receiver.snapshot()
                 if r.headers.get("outbox-ordering-key") == key and 200 <= r.status < 300]
         assert seen == ids, f"key {key}: delivered {seen}, enqueued {ids}"
+
+
+def test_a_relay_that_registers_again_beside_relays_of_the_other_mode_stops(outboxd, db, relay, receiver,
+                                                                            database_url):
+    """Liveness is a session: a relay whose connections were cut looks dead
+    until it reconnects, and an auto relay started in that gap chooses
+    windows. The claiming relay, registering again, finds it and stops (exit
+    8) before it claims anything; the windows relay delivers everything."""
+    _setup(outboxd, db, "windows")
+    role = f"e2e_gap_{secrets.token_hex(3)}"
+    admin_execute(database_url, sql.SQL("CREATE ROLE {} LOGIN IN ROLE postgres").format(sql.Identifier(role)))
+    try:
+        scheme, rest = database_url.split("://", 1)
+        claiming = relay(receiver, "--sweep-interval", "500ms", database_url=f"{scheme}://{role}@{rest.split('@', 1)[1]}",
+                         env={"OUTBOXD_CONSUME": "claims"})
+        assert _started(claiming)["consume"] == "claims"
+        first = db.enqueue("t", {"n": "before"})
+        assert wait_delivered(receiver, [first], timeout=15), claiming.log()
+        # Its sessions end, and it cannot log in again for now.
+        admin_execute(database_url, sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        admin_execute(database_url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                      (role,))
+        assert wait_until(lambda: _live_relays(outboxd, db)["live"] == 0, 15), claiming.log()
+
+        windows = relay(receiver, env=AUTO)
+        assert _started(windows) == {"consume": "windows", "consume_because": "the default"}
+        during = [db.enqueue("t", {"n": i}, key=f"k{i % 3}") for i in range(10)]
+        assert wait_delivered(receiver, during, timeout=15), windows.log()
+
+        admin_execute(database_url, sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(role)))
+        assert claiming.wait(30) == EXIT_DB_UNSUITABLE, claiming.log()
+        assert 'relay.consume = "claims": 1 relay(s) with relay.consume = "windows" are running' in claiming.log()
+        assert "found when this relay registered again after its connection was lost" in claiming.log()
+        after = [db.enqueue("t", {"n": i}, key=f"k{i % 3}") for i in range(10)]
+        assert wait_delivered(receiver, after, timeout=15), windows.log()
+        assert windows.alive(), windows.log()
+        assert not duplicates(receiver.delivered_ids()), duplicates(receiver.delivered_ids())
+    finally:
+        admin_execute(database_url, sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
