@@ -1182,13 +1182,18 @@ SELECT coalesce((SELECT pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()'
                WHERE n.nspname = $1 AND i.relname = 'events_txid_idx' AND i.relkind = 'i') AS txid_index;
 
 -- name: windows_relays_alive
--- Relays alive that hold window cursors: `consume-setup claims` must not
--- take the txid default away under them (their windows would never see the
--- events inserted after it).
-SELECT count(DISTINCT c.owner) AS relays
-FROM :"schema".cursors c
-JOIN :"schema".relays r ON r.lease_owner = c.owner
-WHERE NOT pg_try_advisory_xact_lock(r.lock_key);
+-- Relays alive that read windows: registered so (sql/0015; one that has
+-- just started may hold no cursor yet, e.g. while it parks the events from
+-- before the setup) or holding cursors (older ones). `consume-setup claims`
+-- must not take the txid default away under them (their windows would
+-- never see the events inserted after it). OFFSET 0: the lock is tried
+-- only for rows past the filter.
+SELECT count(*) AS relays
+FROM (SELECT r.lock_key FROM :"schema".relays r
+      WHERE r.consume = 'windows'
+         OR EXISTS (SELECT 1 FROM :"schema".cursors c WHERE c.owner = r.lease_owner)
+      OFFSET 0) AS o
+WHERE NOT pg_try_advisory_xact_lock(o.lock_key);
 
 -- name: cursors_lock
 -- `outboxd cursor reset`: relays take and write cursors (INSERT, UPDATE)

@@ -9,6 +9,7 @@ import json
 import secrets
 import threading
 
+import psycopg2
 import pytest
 
 from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_SCHEMA_MISSING, Db, apply_printed_sql, install_sql_files
@@ -186,6 +187,28 @@ def test_claims_is_refused_while_a_windows_relay_runs(outboxd, db, relay, receiv
     assert _windows_state(db)["default"] == "pg_current_xact_id()"  # rolled back whole
 
     assert r.stop() == EXIT_OK
+    _setup(outboxd, db, "claims")
+    assert _windows_state(db) == {"default": None, "indexes": []}
+
+
+def test_claims_is_refused_while_a_windows_relay_that_holds_no_cursor_yet_runs(outboxd, db):
+    """A windows relay that has registered but holds no cursor yet (one that
+    parks the events from before the setup first): a live session that holds
+    its lock and its row of `relays` stands for it."""
+    _setup(outboxd, db, "windows")
+    session = psycopg2.connect(db.url)
+    try:
+        session.autocommit = True
+        with session.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(hashtextextended('outboxd.relay.starting', 0))")
+        db.query("INSERT INTO {s}.relays (lease_owner, lock_key, consume) "
+                 "VALUES ('starting', hashtextextended('outboxd.relay.starting', 0), 'windows')")
+        refused = outboxd("consume-setup", "claims", "--database-url", db.url, "--schema", db.schema)
+        assert refused.rc == EXIT_DB_UNSUITABLE, refused
+        assert '1 relay(s) with relay.consume = "windows" are running' in refused.stderr, refused
+        assert _windows_state(db)["default"] == "pg_current_xact_id()"
+    finally:
+        session.close()  # the relay is gone
     _setup(outboxd, db, "claims")
     assert _windows_state(db) == {"default": None, "indexes": []}
 
