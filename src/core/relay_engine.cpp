@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -121,6 +122,11 @@ void relay_engine::timer_fired(relay_timer t, std::uint64_t gen) {
 // ---- claiming ----------------------------------------------------------------
 
 void relay_engine::start(std::string message_prefix, run_mode mode) {
+    // relay.consume = "auto" is settled into one of the two before an engine
+    // is given work (app/relay.cpp): an engine built on "auto" would claim.
+    if (cfg_.consume != "claims" && cfg_.consume != "windows") {
+        throw std::logic_error("relay_engine: relay.consume must be claims or windows, not " + cfg_.consume);
+    }
     message_prefix_ = std::move(message_prefix);
     mode_ = mode;
     // Nothing recorded yet, marks empty, deliveries included: the first

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import signal
+import threading
 from datetime import datetime, timedelta, timezone
 
 from psycopg2 import sql
 
 from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, Db, admin_execute, install_sql_files
 from helpers import duplicates, wait_delivered, wait_until
+from receiver import Receiver
 from test_metrics import admin_port, scrape, value
 
 AUTO = {"OUTBOXD_CONSUME": "auto"}
@@ -54,6 +57,40 @@ def test_a_freshly_migrated_outbox_is_read_in_windows(outboxd, db, relay, receiv
     assert db.scalar("SELECT count(*) FROM {s}.cursors WHERE owner IS NOT NULL") > 0
     assert db.scalar("SELECT count(*) FROM {s}.events WHERE lease_owner IS NOT NULL") == 0
     assert "relay.consume = \"claims\" on an outbox set up for windows" not in r.log()
+    assert r.alive(), r.log()
+
+
+def test_a_reload_keeps_the_mode_the_relay_settled_on(outboxd, db, relay, receiver, tmp_path):
+    """SIGHUP rebuilds the engine from the file, which says "auto": the new
+    engine must read windows as the old one did (an engine on "auto" would
+    claim: lease the events it sends)."""
+    _setup(outboxd, db, "windows")
+    gate = threading.Event()
+
+    def held(_req):
+        gate.wait(20)
+        return 200, {}, b"ok"
+
+    config = tmp_path / "outboxd.toml"
+    config.write_text(f'[destinations.a]\nurl = "{receiver.url}"\n\n[[routes]]\ntopics = [">"]\ndestinations = ["a"]\n')
+    r = relay(None, "--config", str(config), "--admin-listen", "127.0.0.1:0", env=AUTO)
+    assert _started(r)["consume"] == "windows"
+    first = db.enqueue("t", {"n": 1})
+    assert wait_delivered(receiver, [first], timeout=15), r.log()
+    with Receiver(held) as rx:
+        config.write_text(f'[destinations.b]\nurl = "{rx.url}"\n\n[[routes]]\ntopics = [">"]\ndestinations = ["b"]\n')
+        r.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: "reloaded" in r.log(), 10), r.log()
+        assert "reload refused" not in r.log()
+        second = db.enqueue("t", {"n": 2})
+        assert rx.wait_until(lambda reqs: len(reqs) >= 1, timeout=15), r.log()
+        # In flight at b: read from a window, so not leased.
+        assert db.scalar("SELECT count(*) FROM {s}.events WHERE lease_owner IS NOT NULL") == 0
+        gate.set()
+        assert wait_delivered(rx, [second], timeout=15), r.log()
+    # The admin listener is started again by the reload (port 0: a new one).
+    port = int(re.findall(r'admin listener started.*?address="?127\.0\.0\.1:(\d+)', r.log())[-1])
+    assert value(scrape(port), "outboxd_consume_mode", mode="windows") == 1
     assert r.alive(), r.log()
 
 

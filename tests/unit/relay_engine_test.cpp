@@ -35,6 +35,7 @@ destination_config destination(std::string name, std::size_t max_concurrency = 3
 // One destination "a" that every topic routes to, unless a test adds more.
 config one_destination(std::size_t concurrency = 4) {
     config c;
+    c.consume = "claims";  // as a relay settles relay.consume = "auto"
     c.concurrency = concurrency;
     c.lease = 30s;
     c.sweep_interval = 30s;
@@ -1410,6 +1411,14 @@ TEST_CASE("relay engine: while every destination's circuit is open nothing is cl
     h.claim_returns({make_event(2)});
     h.answer(h.one<send_command>(), ok());
     CHECK(h.engine.circuit(0) == circuit_state::closed);
+}
+
+TEST_CASE("relay engine: one built on relay.consume = \"auto\", not settled into a mode, refuses to start") {
+    auto cfg = one_destination(4);
+    cfg.consume = "auto";
+    fake_clock clock;
+    relay_engine engine(cfg, clock, 1);
+    CHECK_THROWS_AS(engine.start("m_"), std::logic_error);
 }
 
 // ---- relay.consume = "windows" ------------------------------------------------

@@ -53,6 +53,7 @@ destination_config destination(std::string name, std::size_t max_concurrency = 3
 
 config two_destinations() {
     config c;
+    c.consume = "claims";  // as a relay settles relay.consume = "auto"
     c.concurrency = 4;
     c.lease = 30s;
     c.sweep_interval = 30s;
