@@ -12,8 +12,10 @@
 //      window cursor belongs to a relay's session (sql/0006);
 //   2. live relays run already: it joins their mode, so that a rolling
 //      restart or upgrade never stops on the mode check (sql/0015). A relay
-//      older than 0015 says no mode; it claims. An outbox whose relays all
-//      claim switches to windows at its next full stop;
+//      of 0006 to 0014 says no mode; it claims (older ones, and relays
+//      without live leases, register nowhere: not seen, README
+//      "Upgrading"). An outbox whose relays all claim switches to windows
+//      at its next full stop;
 //   3. the outbox is set up for claims (`outboxd consume-setup claims`: new
 //      events record no transaction id): an operator's choice.
 
