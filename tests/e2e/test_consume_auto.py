@@ -167,6 +167,8 @@ def test_upgrading_to_0016_under_load_loses_nothing_and_switches_to_windows_at_t
     # configuration stands in for them (to a new relay both look alike).
     old = relay(receiver, schema=name, env={"OUTBOXD_CONSUME": "claims"})
     assert _started(old)["consume"] == "claims"
+    # As a relay of 0006 to 0014 registers: without a mode.
+    db.query("UPDATE {s}.relays SET consume = NULL")
     enqueue(8, "after-0016")
     new = relay(receiver, schema=name, env=AUTO)
     assert _started(new) == {"consume": "claims", "consume_because": "the mode of the relays already running"}
