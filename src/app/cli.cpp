@@ -269,6 +269,8 @@ Exit codes:
   4 outbox not installed or older than this binary (run `outboxd migrate`)
   5 outbox schema newer than this binary  6 invalid input data
   7 the database role lacks a privilege (see config/grants.sql)
+  8 the server's settings do not allow the configured mode (relay.wake = "wal"), or relays of
+    the other relay.consume mode run on the outbox (at startup, or found after a reconnect)
   9 relay.consume = "windows": a window cursor does not belong to this server (restore, PITR,
     another cluster, a standby)
   130 a second SIGINT/SIGTERM cut the graceful shutdown short
