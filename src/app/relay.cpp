@@ -623,15 +623,15 @@ private:
                        {{"error", e.what()}});
             return;
         }
-        // Against the configuration as started: relay.consume "auto" there,
-        // the chosen mode in cfg().
-        if (const auto why = needs_restart(opts_.settings, *fresh)) {
+        // relay.consume "auto" was settled at startup into the mode running
+        // now (cfg()): it needs no restart; naming another mode does.
+        if (fresh->consume == "auto") fresh->consume = cfg().consume;
+        if (const auto why = needs_restart(cfg(), *fresh)) {
             log::error("reload refused: a setting changed that only a restart applies; running on with the "
                        "current configuration",
                        {{"setting", *why}});
             return;
         }
-        fresh->consume = cfg().consume;  // as chosen at startup
         const bool draining = next_config_ != nullptr;
         next_config_ = std::move(fresh);
         if (draining) return;  // the newest file wins when the drain ends

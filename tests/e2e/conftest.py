@@ -87,8 +87,11 @@ def clean_env(extra: Optional[dict] = None) -> dict:
         for k, v in os.environ.items()
         if not (k.startswith("OUTBOXD_") or k.startswith("PG") or k == "DATABASE_URL")
     }
-    if extra:
-        env.update(extra)
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)  # not set at all (e.g. to leave a setting to the file)
+        else:
+            env[k] = v
     return env
 
 
@@ -563,7 +566,8 @@ def relay(request, outboxd_bin, database_url, _procs, tmp_path):
         argv += [str(a) for a in extra]
         n = len(started) + 1
         # The suite's relays run in its consume mode (relay.consume), unless
-        # a test sets one itself (the default, "auto", is test_consume_auto's).
+        # a test sets one itself (the default, "auto", is test_consume_auto's;
+        # None: not in the environment).
         env = {"OUTBOXD_CONSUME": suite_consume_mode(), **(env or {})}
         r = Relay(argv, tmp_path / f"relay{n}.log", tmp_path / f"relay{n}.out", clean_env(env))
         started.append(r)

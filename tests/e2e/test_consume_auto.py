@@ -73,8 +73,9 @@ def test_a_reload_keeps_the_mode_the_relay_settled_on(outboxd, db, relay, receiv
 
     config = tmp_path / "outboxd.toml"
     config.write_text(f'[destinations.a]\nurl = "{receiver.url}"\n\n[[routes]]\ntopics = [">"]\ndestinations = ["a"]\n')
-    r = relay(None, "--config", str(config), "--admin-listen", "127.0.0.1:0", env=AUTO)
-    assert _started(r)["consume"] == "windows"
+    # relay.consume from the file alone (not set there: the default).
+    r = relay(None, "--config", str(config), "--admin-listen", "127.0.0.1:0", env={"OUTBOXD_CONSUME": None})
+    assert _started(r) == {"consume": "windows", "consume_because": "the default"}
     first = db.enqueue("t", {"n": 1})
     assert wait_delivered(receiver, [first], timeout=15), r.log()
     with Receiver(held) as rx:
@@ -88,9 +89,15 @@ def test_a_reload_keeps_the_mode_the_relay_settled_on(outboxd, db, relay, receiv
         assert db.scalar("SELECT count(*) FROM {s}.events WHERE lease_owner IS NOT NULL") == 0
         gate.set()
         assert wait_delivered(rx, [second], timeout=15), r.log()
-    # The admin listener is started again by the reload (port 0: a new one).
-    port = int(re.findall(r'admin listener started.*?address="?127\.0\.0\.1:(\d+)', r.log())[-1])
-    assert value(scrape(port), "outboxd_consume_mode", mode="windows") == 1
+    assert value(scrape(admin_port(r)), "outboxd_consume_mode", mode="windows") == 1
+    # The mode running named in the file: no restart needed; another: refused.
+    config.write_text(config.read_text() + '\n[relay]\nconsume = "windows"\n')
+    r.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: r.log().count("msg=reloaded") == 2, 10), r.log()
+    config.write_text(config.read_text().replace('consume = "windows"', 'consume = "claims"'))
+    r.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "reload refused" in r.log(), 10), r.log()
+    assert "setting=relay.consume" in r.log()
     assert r.alive(), r.log()
 
 
