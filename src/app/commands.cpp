@@ -25,6 +25,7 @@
 #include "app/exit_codes.hpp"
 #include "app/relay.hpp"
 #include "core/config.hpp"
+#include "core/consume_choice.hpp"
 #include "core/dsn.hpp"
 #include "core/duration.hpp"
 #include "core/embedded_sql.hpp"
@@ -455,6 +456,9 @@ struct status_view {
     std::int64_t live_relays = 0;
     std::int64_t claiming_relays = 0;
     std::int64_t windows_relays = 0;
+    // What a relay with relay.consume = "auto" (and live leases) started now
+    // would choose: whether an outbox will switch, and why not yet.
+    consume_choice auto_choice;
 };
 
 status_view read_status(pqxx::connection& conn, const config& c) {
@@ -479,6 +483,13 @@ status_view read_status(pqxx::connection& conn, const config& c) {
     v.live_relays = reports.live_relays;
     v.claiming_relays = reports.claiming;
     v.windows_relays = reports.windows;
+    consume_facts facts;
+    facts.windows_set_up = pg::outbox_windows_set_up(conn, c.schema);
+    facts.live_relay_modes.assign(static_cast<std::size_t>(reports.claiming), "claims");
+    facts.live_relay_modes.insert(facts.live_relay_modes.end(), static_cast<std::size_t>(reports.windows), "windows");
+    facts.live_relay_modes.insert(facts.live_relay_modes.end(),
+                                  static_cast<std::size_t>(reports.live_relays - reports.claiming - reports.windows), "");
+    v.auto_choice = choose_consume_mode(facts);
     for (auto& [name, counts] : v.destinations) {
         if (name == unrouted_bucket || name == no_route_bucket) continue;
         std::int64_t open = 0;
@@ -511,6 +522,8 @@ std::string render_status(const status_view& v) {
     }
     out += fmt::format("\nrelays: {} live ({} claiming, {} reading windows)\n", v.live_relays, v.claiming_relays,
                        v.windows_relays);
+    out += fmt::format("a relay started now with relay.consume = \"auto\" would {} ({})\n",
+                       v.auto_choice.mode == "windows" ? "read windows" : "claim", describe(v.auto_choice.why));
     if (v.windows) {
         out += '\n';
         for (const auto& line : windows_lines(*v.windows)) out += line + '\n';
@@ -557,6 +570,9 @@ std::string render_status_json(const status_view& v) {
     }
     out += nlohmann::json{{"relays",
                            {{"live", v.live_relays}, {"claiming", v.claiming_relays}, {"windows", v.windows_relays}}}}
+               .dump() +
+           '\n';
+    out += nlohmann::json{{"consume_auto", {{"mode", v.auto_choice.mode}, {"because", describe(v.auto_choice.why)}}}}
                .dump() +
            '\n';
     if (v.windows) out += nlohmann::json{{"windows", windows_json(*v.windows)}}.dump() + '\n';

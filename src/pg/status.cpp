@@ -45,6 +45,14 @@ circuit_reports published_circuits(pqxx::connection& conn, const std::string& sc
     return out;
 }
 
+bool outbox_windows_set_up(pqxx::connection& conn, const std::string& schema) {
+    const query_book book(schema);
+    pqxx::nontransaction tx(conn);
+    using col = q::windows_set_up::col;
+    const auto row = exec_params(tx, book, q::windows_set_up::args{.schema = schema}).one();
+    return row[col::txid_default].as<bool>() && row[col::txid_index].as<bool>();
+}
+
 std::optional<windows_report> windows_status(pqxx::connection& conn, const std::string& schema) {
     const query_book book(schema);
     pqxx::read_transaction tx(conn);

@@ -49,6 +49,10 @@ struct circuit_reports {
 
 [[nodiscard]] circuit_reports published_circuits(pqxx::connection& conn, const std::string& schema);
 
+// Whether the outbox is set up for windows (migrate since sql/0016, or
+// `consume-setup windows`): the txid default and the window read's index.
+[[nodiscard]] bool outbox_windows_set_up(pqxx::connection& conn, const std::string& schema);
+
 // Commit-ordered windows (core/windows_report.hpp): nullopt when the outbox
 // has no relay cursors. The transactions holding the cursors back are read
 // only when the cursors belong to this server (their xids mean nothing

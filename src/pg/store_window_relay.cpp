@@ -8,6 +8,7 @@
 #include "pg/event_columns.hpp"
 #include "pg/params.hpp"
 #include "pg/sql_arrays.hpp"
+#include "pg/status.hpp"
 #include "pg/store.hpp"
 #include "pg/typed_query.hpp"
 
@@ -91,12 +92,7 @@ std::int64_t store::pre_window_events() {
 }
 
 bool store::windows_set_up() {
-    return session_.run([&](pqxx::connection& c) {
-        pqxx::nontransaction tx(c);
-        using col = q::windows_set_up::col;
-        const auto row = exec_params(tx, queries_, q::windows_set_up::args{.schema = schema_}).one();
-        return row[col::txid_default].as<bool>() && row[col::txid_index].as<bool>();
-    });
+    return session_.run([&](pqxx::connection& c) { return outbox_windows_set_up(c, schema_); });
 }
 
 namespace {

@@ -38,6 +38,14 @@ def _live_relays(outboxd, db) -> dict:
     return next(row["relays"] for row in map(json.loads, status.stdout.splitlines()) if "relays" in row)
 
 
+def _auto_would(outboxd, db) -> dict:
+    """What `outboxd status` says a relay with relay.consume = "auto" started
+    now would choose."""
+    status = outboxd("status", "--json", "--database-url", db.url, "--schema", db.schema)
+    assert status.rc == EXIT_OK, status
+    return next(row["consume_auto"] for row in map(json.loads, status.stdout.splitlines()) if "consume_auto" in row)
+
+
 def _setup(outboxd, db, mode: str) -> None:
     r = outboxd("consume-setup", mode, "--database-url", db.url, "--schema", db.schema)
     assert r.rc == EXIT_OK, r
@@ -45,6 +53,9 @@ def _setup(outboxd, db, mode: str) -> None:
 
 def test_a_freshly_migrated_outbox_is_read_in_windows(outboxd, db, relay, receiver):
     _setup(outboxd, db, "windows")  # as migrate leaves it, whatever mode the suite runs in
+    assert _auto_would(outboxd, db) == {"mode": "windows", "because": "the default"}
+    text = outboxd("status", "--database-url", db.url, "--schema", db.schema)
+    assert 'a relay started now with relay.consume = "auto" would read windows (the default)' in text.stdout, text
     r = relay(receiver, "--admin-listen", "127.0.0.1:0", env=AUTO)
     assert _started(r) == {"consume": "windows", "consume_because": "the default"}
     metrics = scrape(admin_port(r))
@@ -103,6 +114,7 @@ def test_a_reload_keeps_the_mode_the_relay_settled_on(outboxd, db, relay, receiv
 
 def test_an_outbox_set_up_for_claims_is_claimed(outboxd, db, relay, receiver):
     _setup(outboxd, db, "claims")
+    assert _auto_would(outboxd, db) == {"mode": "claims", "because": "the outbox is set up for claims"}
     r = relay(receiver, "--admin-listen", "127.0.0.1:0", env=AUTO)
     assert _started(r) == {"consume": "claims", "consume_because": "the outbox is set up for claims"}
     assert value(scrape(admin_port(r)), "outboxd_consume_mode", mode="claims") == 1
@@ -176,6 +188,7 @@ def test_upgrading_to_0016_under_load_loses_nothing_and_switches_to_windows_at_t
     assert _started(old)["consume"] == "claims"
     # As a relay of 0006 to 0014 registers: without a mode.
     db.query("UPDATE {s}.relays SET consume = NULL")
+    assert _auto_would(outboxd, db) == {"mode": "claims", "because": "the mode of the relays already running"}
     enqueue(8, "after-0016")
     new = relay(receiver, schema=name, env=AUTO)
     assert _started(new) == {"consume": "claims", "consume_because": "the mode of the relays already running"}
@@ -185,6 +198,7 @@ def test_upgrading_to_0016_under_load_loses_nothing_and_switches_to_windows_at_t
     assert new.stop() == EXIT_OK
     assert wait_until(lambda: _live_relays(outboxd, db)["live"] == 0, 15)
 
+    assert _auto_would(outboxd, db) == {"mode": "windows", "because": "the default"}
     enqueue(8, "stopped")
     windows = relay(receiver, schema=name, env=AUTO)
     assert _started(windows) == {"consume": "windows", "consume_because": "the default"}
