@@ -283,24 +283,22 @@ private:
     // the mode chosen. Two relays that choose at once see each other in
     // refuse_beside_relays_consuming_otherwise() below.
     void settle_consume_mode() {
+        const bool windows_set_up = store_.windows_set_up();
         if (cfg().consume == "auto") {
             consume_facts facts;
             facts.live_leases = cfg().live_leases;
+            facts.windows_set_up = windows_set_up;
             if (facts.live_leases) {
-                facts.windows_set_up = store_.windows_set_up();
                 for (auto& r : store_.live_relays()) facts.live_relay_modes.push_back(std::move(r.consume));
             }
             const auto chosen = outboxd::choose_consume_mode(facts);
             consume_reason_ = outboxd::describe(chosen.why);
             auto settings = cfg();
             settings.consume = chosen.mode;
-            engine_.reset();
-            config_ = std::make_unique<const config>(std::move(settings));
-            engine_ = std::make_unique<relay_engine>(*config_, clock_, std::random_device{}());
-            engine_->observe(&telemetry_);
+            replace_engine(std::make_unique<const config>(std::move(settings)));
             store_.set_consume_windows(cfg().consume == "windows");
             if (chosen.why == consume_choice::because::joins_live_relays) {
-                if (cfg().consume == "claims" && facts.windows_set_up) {
+                if (cfg().consume == "claims" && windows_set_up) {
                     log::info("relay.consume = \"auto\" claims beside the claiming relays already running; the "
                               "outbox is set up for windows, and its relays read windows once every relay has "
                               "stopped and one starts again");
@@ -310,7 +308,7 @@ private:
         }
         // A relay that claims by choice, not to join relays that claim,
         // beside the txid default and index nobody reads.
-        if (cfg().consume == "claims" && store_.windows_set_up()) {
+        if (cfg().consume == "claims" && windows_set_up) {
             log::warn("relay.consume = \"claims\" on an outbox set up for windows: producers pay one index entry "
                       "per event that no relay reads (run `outboxd consume-setup claims` to drop it, once no "
                       "relay reads windows)");
@@ -654,6 +652,15 @@ private:
         return std::nullopt;
     }
 
+    // A new engine on `next`, before it is given anything; the old one first
+    // (it holds a reference to the configuration it was built on).
+    void replace_engine(std::unique_ptr<const config> next) {
+        engine_.reset();
+        config_ = std::move(next);
+        engine_ = std::make_unique<relay_engine>(*config_, clock_, std::random_device{}());
+        engine_->observe(&telemetry_);
+    }
+
     // The old engine is done (its finish_command ran): start the new one.
     void swap_engine() {
         ++epoch_;  // whatever the old engine still had on its way is ignored
@@ -669,10 +676,7 @@ private:
             next = std::make_unique<const config>(cfg());
             sinks_ = make_sinks(*next);
         }
-        engine_.reset();
-        config_ = std::move(next);
-        engine_ = std::make_unique<relay_engine>(*config_, clock_, std::random_device{}());
-        engine_->observe(&telemetry_);
+        replace_engine(std::move(next));
         // Ahead of the new engine's first claim, on the same connection.
         worker_.submit([this, names = configured_destination_names(cfg())](pg::store& s) {
             try {
