@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import socket
@@ -26,6 +27,20 @@ def suite_consume_mode() -> str:
 def suite_reads_windows() -> bool:
     """Whether the suite runs its relays reading windows."""
     return suite_consume_mode() == "windows"
+
+
+def consume_setup(outboxd, db, mode: str):
+    """`outboxd consume-setup MODE` on db's outbox; it must succeed."""
+    r = outboxd("consume-setup", mode, "--database-url", db.url, "--schema", db.schema)
+    assert r.rc == 0, r
+    return r
+
+
+def live_relays(outboxd, db) -> dict:
+    """The live relays by mode, as `outboxd status --json` counts them."""
+    status = outboxd("status", "--json", "--database-url", db.url, "--schema", db.schema)
+    assert status.rc == 0, status
+    return next(row["relays"] for row in map(json.loads, status.stdout.splitlines()) if "relays" in row)
 
 
 def claims_only(why: str):

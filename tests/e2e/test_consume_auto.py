@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from psycopg2 import sql
 
 from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, Db, admin_execute, install_sql_files
-from helpers import duplicates, wait_delivered, wait_until
+from helpers import consume_setup as _setup, duplicates, live_relays as _live_relays, wait_delivered, wait_until
 from receiver import Receiver
 from test_metrics import admin_port, scrape, value
 
@@ -32,23 +32,12 @@ def _started(relay_proc) -> dict:
     return {k: v.strip('"') for k, v in fields.items()}
 
 
-def _live_relays(outboxd, db) -> dict:
-    status = outboxd("status", "--json", "--database-url", db.url, "--schema", db.schema)
-    assert status.rc == EXIT_OK, status
-    return next(row["relays"] for row in map(json.loads, status.stdout.splitlines()) if "relays" in row)
-
-
 def _auto_would(outboxd, db) -> dict:
     """What `outboxd status` says a relay with relay.consume = "auto" started
     now would choose."""
     status = outboxd("status", "--json", "--database-url", db.url, "--schema", db.schema)
     assert status.rc == EXIT_OK, status
     return next(row["consume_auto"] for row in map(json.loads, status.stdout.splitlines()) if "consume_auto" in row)
-
-
-def _setup(outboxd, db, mode: str) -> None:
-    r = outboxd("consume-setup", mode, "--database-url", db.url, "--schema", db.schema)
-    assert r.rc == EXIT_OK, r
 
 
 def test_a_freshly_migrated_outbox_is_read_in_windows(outboxd, db, relay, receiver):

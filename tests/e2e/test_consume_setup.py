@@ -5,7 +5,6 @@ reordering any of them: a windows relay parks them itself."""
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 
@@ -14,16 +13,10 @@ import pytest
 
 from conftest import EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_SCHEMA_MISSING, Db, apply_printed_sql, install_sql_files
 from receiver import Receiver
-from helpers import duplicates, wait_delivered, wait_until
+from helpers import consume_setup as _setup, duplicates, live_relays, wait_delivered, wait_until
 
 WINDOWS = {"OUTBOXD_CONSUME": "windows"}
 CLAIMS = {"OUTBOXD_CONSUME": "claims"}
-
-
-def _setup(outboxd, db, mode: str):
-    r = outboxd("consume-setup", mode, "--database-url", db.url, "--schema", db.schema)
-    assert r.rc == EXIT_OK, r
-    return r
 
 
 def _windows_state(db) -> dict:
@@ -126,10 +119,7 @@ def test_a_relay_refuses_to_start_beside_a_live_relay_of_the_other_mode(outboxd,
                 in refused.log())
         assert first.alive(), first.log()
         # `outboxd status` says which mode the live relays use.
-        status = outboxd("status", "--json", "--database-url", db.url, "--schema", db.schema)
-        assert status.rc == EXIT_OK, status
-        relays = next(row["relays"] for row in map(json.loads, status.stdout.splitlines()) if "relays" in row)
-        assert relays == {"live": 1, "claiming": int(running == "claims"), "windows": int(running == "windows")}
+        assert live_relays(outboxd, db) == {"live": 1, "claiming": int(running == "claims"), "windows": int(running == "windows")}
         assert first.stop() == EXIT_OK  # the next round starts the other mode
     assert not duplicates(receiver.delivered_ids()), duplicates(receiver.delivered_ids())
 
