@@ -1193,7 +1193,7 @@ FROM (SELECT r.lock_key FROM :"schema".relays r
       WHERE r.consume = 'windows'
          OR EXISTS (SELECT 1 FROM :"schema".cursors c WHERE c.owner = r.lease_owner)
       OFFSET 0) AS o
-WHERE NOT pg_try_advisory_xact_lock(o.lock_key);
+WHERE NOT pg_try_advisory_xact_lock_shared(o.lock_key);
 
 -- name: cursors_lock
 -- `outboxd cursor reset`: relays take and write cursors (INSERT, UPDATE)
@@ -1462,12 +1462,13 @@ ORDER BY 1, 2 NULLS FIRST;
 -- many registered as claiming and as reading windows (sql/0015; a relay
 -- older than 0015 is in neither). A relay is live while its claiming
 -- session holds its advisory lock (sql/0006), which pg_locks shows as
--- classid (high 32 bits) and objid (low 32 bits).
+-- classid (high 32 bits) and objid (low 32 bits); exclusively (other
+-- relays' probes take it shared for a moment, find_dead_relays).
 WITH live AS (
     SELECT r.lease_owner, r.circuits, r.consume
     FROM :"schema".relays r
     WHERE EXISTS (SELECT 1 FROM pg_locks l
-                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ExclusiveLock' AND l.granted
                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                     AND ((l.classid::bigint << 32) | l.objid::bigint) = r.lock_key)
 ), counts AS (
@@ -1498,7 +1499,7 @@ WITH live AS (
     SELECT r.lease_owner
     FROM :"schema".relays r
     WHERE EXISTS (SELECT 1 FROM pg_locks l
-                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ExclusiveLock' AND l.granted
                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                     AND ((l.classid::bigint << 32) | l.objid::bigint) = r.lock_key)
 )
@@ -1644,7 +1645,7 @@ RETURNING lease_owner;
 SELECT o.lease_owner, o.consume
 FROM (SELECT lease_owner, lock_key, consume FROM :"schema".relays
       WHERE lease_owner <> $1 AND consume <> $2::text OFFSET 0) AS o
-WHERE NOT pg_try_advisory_xact_lock(o.lock_key)
+WHERE NOT pg_try_advisory_xact_lock_shared(o.lock_key)
 ORDER BY o.lease_owner;
 
 -- name: live_relay_modes
@@ -1656,7 +1657,7 @@ ORDER BY o.lease_owner;
 -- past the filter.
 SELECT o.lease_owner, coalesce(o.consume, '') AS consume
 FROM (SELECT lease_owner, lock_key, consume FROM :"schema".relays WHERE lease_owner <> $1 OFFSET 0) AS o
-WHERE NOT pg_try_advisory_xact_lock(o.lock_key)
+WHERE NOT pg_try_advisory_xact_lock_shared(o.lock_key)
 ORDER BY o.lease_owner;
 
 -- name: publish_circuit
@@ -1677,11 +1678,21 @@ UPDATE :"schema".relays SET circuits = '{}' WHERE lease_owner = $1;
 -- in the takeover's transaction, which keeps each lock it got until it
 -- commits, so a relay that only lost its connection cannot come back
 -- between this and take_over_leases (register_relay waits for us). A lock
--- held by a live session is only tried, never waited for. OFFSET 0: the
--- lock is tried only for rows past the filter (never our own).
-SELECT lease_owner
-FROM (SELECT lease_owner, lock_key FROM :"schema".relays WHERE lease_owner <> $1 OFFSET 0) AS other
-WHERE pg_try_advisory_xact_lock(lock_key);
+-- held by a live session is only tried, never waited for.
+-- Every probe of a relay's lock takes it shared (live_relay_modes, the
+-- cursor takes, ...): a live relay holds it exclusively, so the probe fails
+-- while it lives; probes do not fail on each other, so a dead relay under a
+-- takeover never looks alive to a relay asking meanwhile. Two takeovers of
+-- one relay at once: its row, locked here, goes to the first; the other
+-- skips it. OFFSET 0: the lock is tried only for rows past the filter
+-- (never our own).
+SELECT r.lease_owner
+FROM :"schema".relays r
+WHERE r.lease_owner IN (
+    SELECT other.lease_owner
+    FROM (SELECT lease_owner, lock_key FROM :"schema".relays WHERE lease_owner <> $1 OFFSET 0) AS other
+    WHERE pg_try_advisory_xact_lock_shared(other.lock_key))
+FOR UPDATE OF r SKIP LOCKED;
 
 -- name: take_over_leases
 -- params: owners
@@ -1953,7 +1964,7 @@ ON CONFLICT (destination, slot) DO UPDATE
 SET owner = excluded.owner, epoch = c.epoch + 1
 WHERE c.owner IS NULL OR c.owner = excluded.owner
    OR NOT EXISTS (SELECT 1 FROM :"schema".relays r WHERE r.lease_owner = c.owner)
-   OR (SELECT pg_try_advisory_xact_lock(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
+   OR (SELECT pg_try_advisory_xact_lock_shared(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
 RETURNING c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_below, c.epoch,
           c.system_identifier;
 
@@ -1990,7 +2001,7 @@ ON CONFLICT (destination, slot) DO UPDATE
 SET owner = excluded.owner, epoch = c.epoch + 1
 WHERE c.owner IS NULL OR c.owner = excluded.owner
    OR NOT EXISTS (SELECT 1 FROM :"schema".relays r WHERE r.lease_owner = c.owner)
-   OR (SELECT pg_try_advisory_xact_lock(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
+   OR (SELECT pg_try_advisory_xact_lock_shared(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
 RETURNING c.slot, c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_below, c.epoch,
           c.system_identifier;
 
@@ -2270,7 +2281,7 @@ WITH share AS (
     -- left by a relay that died waits for the takeover; counting it would
     -- leave half the slots unread until then).
     SELECT ceil(64.0 / greatest(count(*) FILTER (WHERE r.lease_owner = $1
-                                                OR NOT pg_try_advisory_xact_lock(r.lock_key)), 1))::int AS n
+                                                OR NOT pg_try_advisory_xact_lock_shared(r.lock_key)), 1))::int AS n
     FROM :"schema".relays r
 ), free AS (
     SELECT g.slot
@@ -2280,7 +2291,7 @@ WITH share AS (
        OR c.owner IS NULL
        OR (c.owner = $1 AND NOT g.slot = ANY ($2::int[]))
        OR (c.owner <> $1 AND NOT EXISTS (SELECT 1 FROM :"schema".relays r WHERE r.lease_owner = c.owner))
-       OR (c.owner <> $1 AND (SELECT pg_try_advisory_xact_lock(r.lock_key) FROM :"schema".relays r
+       OR (c.owner <> $1 AND (SELECT pg_try_advisory_xact_lock_shared(r.lock_key) FROM :"schema".relays r
                               WHERE r.lease_owner = c.owner))
     ORDER BY g.slot
     LIMIT greatest((SELECT n FROM share) - cardinality($2::int[]), 0)
@@ -2292,7 +2303,7 @@ ON CONFLICT (destination, slot) DO UPDATE
 SET owner = excluded.owner, epoch = c.epoch + 1
 WHERE c.owner IS NULL OR c.owner = excluded.owner
    OR NOT EXISTS (SELECT 1 FROM :"schema".relays r WHERE r.lease_owner = c.owner)
-   OR (SELECT pg_try_advisory_xact_lock(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
+   OR (SELECT pg_try_advisory_xact_lock_shared(r.lock_key) FROM :"schema".relays r WHERE r.lease_owner = c.owner)
 RETURNING c.slot, c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_below, c.epoch,
           c.system_identifier, (SELECT n FROM share) AS share;
 
@@ -2301,7 +2312,7 @@ RETURNING c.slot, c.snap_a::text AS snap_a, c.snap_b::text AS snap_b, c.done_bel
 -- A relay's share of the 64 window cursors: ceil(64 / relays alive), as in
 -- take_free_cursors.
 SELECT ceil(64.0 / greatest(count(*) FILTER (WHERE r.lease_owner = $1
-                                            OR NOT pg_try_advisory_xact_lock(r.lock_key)), 1))::int AS share
+                                            OR NOT pg_try_advisory_xact_lock_shared(r.lock_key)), 1))::int AS share
 FROM :"schema".relays r;
 
 -- name: pre_window_events

@@ -4,12 +4,14 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include <fmt/format.h>
 #include <pqxx/pqxx>
 
 #include "pg/producer.hpp"
+#include "pg/status.hpp"
 #include "pg/store.hpp"
 #include "pg_fixture.hpp"
 
@@ -169,4 +171,65 @@ TEST_CASE("live leases: a relay sees the live relays registered with the other c
     CHECK(db.query("SELECT count(*) FROM {s}.relays") == "3");
     // The locks it tried are not kept: the dead relay's takeover still works.
     CHECK(take_over_within(windows, 5s).relays == std::vector<std::string>{"relay-claims"});
+}
+
+TEST_CASE("live leases: a dead relay being taken over by a peer does not look alive to anyone else meanwhile") {
+    // A takeover keeps the dead relay's lock until it commits (so that relay
+    // cannot register again in between). Every other relay that asks "who is
+    // alive?" meanwhile (a relay choosing its consume mode, the one-mode
+    // check, the cursor share, status) must still see it dead: a relay
+    // started during a peer's takeover once chose the dead relays' mode and
+    // was then refused beside the live ones (exit 8).
+    installed db{"pgt", "windows"};
+    auto dead = db.store("relay-dead");  // claims
+    auto taker = db.store("relay-taker");
+    auto second_taker = db.store("relay-taker-2");
+    auto reader = db.store("relay-reader");
+    reader.set_consume_windows(true);
+    for (auto* s : {&dead, &taker, &second_taker, &reader}) s->bind_leases_to_session();
+    const auto id = db.enqueue(ev());
+    REQUIRE(dead.claim(10, 60s).events.size() == 1);
+    dead.disconnect();
+    const auto dead_lock_held = [&] {
+        return db.query("SELECT count(*) FROM pg_locks l JOIN {s}.relays r ON r.lease_owner = 'relay-dead' "
+                        "WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
+                        "AND ((l.classid::bigint << 32) | l.objid::bigint) = r.lock_key") != "0";
+    };
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (dead_lock_held() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+    REQUIRE_FALSE(dead_lock_held());
+
+    // The takeover stops at the dead relay's lease, which another session
+    // holds a row lock on: it has found the relay dead and keeps its lock.
+    auto blocker_conn = testing::connect();
+    pqxx::work blocker(*blocker_conn);
+    blocker.exec(fmt::format("SELECT 1 FROM {}.events WHERE id = {} FOR UPDATE", db.schema.q(), id));
+    auto takeover = std::async(std::launch::async, [&] { return taker.take_over_dead_relays(); });
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (db.query("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'") == "0") {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        REQUIRE(takeover.wait_for(10ms) == std::future_status::timeout);
+    }
+    REQUIRE(dead_lock_held());
+
+    // Everyone else still sees the dead relay dead, without waiting.
+    const auto owners = [](const std::vector<pg::store::registered_relay>& relays) {
+        std::vector<std::string> out;
+        for (const auto& r : relays) out.push_back(r.lease_owner);
+        return out;
+    };
+    const std::vector<std::string> claiming_alive{"relay-taker", "relay-taker-2"};
+    CHECK(owners(reader.live_relays()) == claiming_alive);
+    CHECK(owners(reader.relays_consuming_otherwise()) == claiming_alive);
+    CHECK(pg::published_circuits(*db.admin, db.schema.name()).live_relays == 3);
+    CHECK(reader.take_free_cursors({}).share == 22);  // ceil(64 / 3 live relays)
+    // A second peer does not take over the same relay twice at once.
+    CHECK(second_taker.take_over_dead_relays().relays.empty());
+
+    blocker.commit();
+    const auto t = takeover.get();
+    CHECK(t.relays == std::vector<std::string>{"relay-dead"});
+    CHECK(t.leases == 1);
+    CHECK(db.query("SELECT count(*) FROM {s}.relays WHERE lease_owner = 'relay-dead'") == "0");
 }
