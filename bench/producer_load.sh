@@ -20,7 +20,12 @@
 #   auto-live   the trigger with a real `relay.wake = "auto"` relay running
 #               (stdout sink to /dev/null), deciding for itself
 #   auto-windows  auto-live with the relay reading commit-ordered windows
-#               (`relay.consume = "windows"`; not in the default modes)
+#               (`relay.consume = "windows"`, the default consumption since
+#               sql/0016; not in the default modes)
+#   no-wake-windows, poll-windows  no-wake and poll-live on an outbox set up
+#               for windows (producers pay the txid default and its index),
+#               the relay reading windows: auto-windows's baselines (not in
+#               the default modes)
 #   poll-live   no trigger, a real `relay.wake = "poll"` relay running: what
 #               a relay's own claims and deliveries cost producers here
 #   wal         no trigger, the publication (`outboxd wake-setup wal`) and a
@@ -34,9 +39,10 @@
 # Prints a Markdown table: median commits/s of `runs` rounds (each runs
 # every mode and client count once) per mode and client count, and each
 # mode's ratio to `no-wake` (the same transactions with no wake mechanism at
-# all). A second table gives the CPU time each commit cost the machine
-# (PostgreSQL's processes, pgbench, and the relay if one runs), median per
-# mode, and no-wake's figure divided by the mode's: on a machine whose cores
+# all; a *-windows mode's to `no-wake-windows` when that ran). A second
+# table gives the CPU time each commit cost the machine (PostgreSQL's
+# processes, pgbench, and the relay if one runs), median per mode, and
+# no-wake's figure divided by the mode's: on a machine whose cores
 # the producers saturate, that is the commit rate the mode leaves them, and
 # unlike the rate it does not move with what else runs on a shared machine.
 # The outbox tables are emptied before every run. Builds nothing
@@ -51,7 +57,7 @@ seconds=10
 runs=3
 modes="none no-wake notify auto-busy auto-live poll-live wal"
 wal_level=logical
-usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in
     --clients) clients=${2:?}; shift 2 ;;
@@ -117,12 +123,12 @@ set_up_mode() {
   stop_relay
   psql_q -c "TRUNCATE bench_orders, outbox.events, outbox.deliveries, outbox.relay_wake"
   case $1 in
-    none|no-wake|poll-live) "$outboxd" wake-setup poll --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
+    none|no-wake*|poll-*) "$outboxd" wake-setup poll --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
     wal) "$outboxd" wake-setup wal --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
     *) "$outboxd" wake-setup auto --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
   esac
   # Only a windows relay's producers pay for the txid default and its index.
-  "$outboxd" consume-setup "$([[ $1 == auto-windows ]] && echo windows || echo claims)" \
+  "$outboxd" consume-setup "$([[ $1 == *-windows ]] && echo windows || echo claims)" \
     --database-url "$url" --schema outbox >/dev/null
   case $1 in
     notify) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', true, 'infinity')" ;;
@@ -138,8 +144,9 @@ set_up_mode() {
         sleep 0.1
       done
       ;;
-    poll-live|wal)
-      OUTBOXD_WAKE=${1%-live} "$outboxd" run --database-url "$url" --schema outbox --url stdout --log-level info \
+    poll-live|poll-windows|wal)
+      OUTBOXD_CONSUME=$([[ $1 == *-windows ]] && echo windows || echo claims) \
+      OUTBOXD_WAKE=${1%-*} "$outboxd" run --database-url "$url" --schema outbox --url stdout --log-level info \
         >/dev/null 2>"$dir/relay.log" &
       relay_pid=$!
       # Started: claiming (poll) or streaming from its slot (wal).
@@ -200,7 +207,7 @@ for c in $clients; do header+=" $c conn |"; rule+="---:|"; done
 # `cost` no-wake's over the mode's.
 print_table() {
   local -n values=$1
-  local ratio=$2 mode c m line
+  local ratio=$2 mode c m line base
   echo "$header"
   echo "$rule"
   for mode in $modes; do
@@ -208,8 +215,10 @@ print_table() {
     for c in $clients; do
       m=${values[$mode,$c]}
       [[ $ratio == rate ]] && m=$(printf '%.0f' "$m")
-      if [[ -n ${values[no-wake,$c]:-} && $mode != no-wake ]]; then
-        line+=" $m ($(awk -v a="${values[$mode,$c]}" -v b="${values[no-wake,$c]}" -v r="$ratio" \
+      base=no-wake
+      [[ $mode == *-windows && -n ${values[no-wake-windows,$c]:-} ]] && base=no-wake-windows
+      if [[ -n ${values[$base,$c]:-} && $mode != "$base" ]]; then
+        line+=" $m ($(awk -v a="${values[$mode,$c]}" -v b="${values[$base,$c]}" -v r="$ratio" \
                          'BEGIN {printf "%.2f", r == "rate" ? a / b : b / a}')×) |"
       else
         line+=" $m |"
@@ -220,7 +229,7 @@ print_table() {
 }
 print_table median rate
 echo
-echo "commits/s, median of $runs runs of ${seconds}s each; (×): ratio to no-wake; wal_level = $wal_level; $(nproc) CPUs; $(date -u +%F)"
+echo "commits/s, median of $runs runs of ${seconds}s each; (×): ratio to no-wake (no-wake-windows for a *-windows mode, when it ran); wal_level = $wal_level; $(nproc) CPUs; $(date -u +%F)"
 echo
 print_table cpu_median cost
 echo
