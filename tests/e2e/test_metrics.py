@@ -130,7 +130,6 @@ def test_metrics_count_what_the_receiver_saw(db, relay):
         assert r.stop() == EXIT_OK, r.log()
 
 
-@claims_only("the backlog counts rows of events, delivered window events until cleanup (step 5)")
 def test_the_admin_listener_answers_across_a_reload(db, relay, tmp_path):
     """SIGHUP replaces the engine, not the process: /healthz, /readyz and
     /metrics go on answering on the same port, and the counters go on."""
