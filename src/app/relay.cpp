@@ -951,7 +951,7 @@ private:
     void run(finish_command& c) {
         // A reload's old engine finishing: the process, its admin listener
         // (health probes) and its timers go on with the next engine.
-        if (!(next_config_ && !terminating_)) telemetry_.stop();
+        if (!next_config_ || terminating_) telemetry_.stop();
         for (auto& s : sinks_) s->close();
         outcome_worker_.submit([this, batch = std::make_shared<outcome_batch>(std::move(c.last)),
                                 cursors = std::move(c.cursors)](pg::store& store) {
