@@ -118,6 +118,9 @@ SELECT outbox.enqueue('order.created', jsonb_build_object('amount', :amount));
 COMMIT;
 EOF
 
+# The consumption a mode's outbox is set up for, and its relay runs in.
+consume_of() { [[ $1 == *-windows ]] && echo windows || echo claims; }
+
 # Each mode: its database state, its script, whether a relay runs.
 set_up_mode() {
   stop_relay
@@ -128,13 +131,13 @@ set_up_mode() {
     *) "$outboxd" wake-setup auto --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
   esac
   # Only a windows relay's producers pay for the txid default and its index.
-  "$outboxd" consume-setup "$([[ $1 == *-windows ]] && echo windows || echo claims)" \
+  "$outboxd" consume-setup "$(consume_of "$1")" \
     --database-url "$url" --schema outbox >/dev/null
   case $1 in
     notify) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', true, 'infinity')" ;;
     auto-busy) psql_q -c "INSERT INTO outbox.relay_wake (owner, idle, until) VALUES ('bench', false, 'infinity')" ;;
     auto-live|auto-windows)
-      OUTBOXD_CONSUME=$([[ $1 == auto-windows ]] && echo windows || echo claims) \
+      OUTBOXD_CONSUME=$(consume_of "$1") \
       OUTBOXD_WAKE=auto "$outboxd" run --database-url "$url" --schema outbox --url stdout --log-level warn \
         >/dev/null 2>"$dir/relay.log" &
       relay_pid=$!
@@ -145,7 +148,7 @@ set_up_mode() {
       done
       ;;
     poll-live|poll-windows|wal)
-      OUTBOXD_CONSUME=$([[ $1 == *-windows ]] && echo windows || echo claims) \
+      OUTBOXD_CONSUME=$(consume_of "$1") \
       OUTBOXD_WAKE=${1%-*} "$outboxd" run --database-url "$url" --schema outbox --url stdout --log-level info \
         >/dev/null 2>"$dir/relay.log" &
       relay_pid=$!
