@@ -31,6 +31,8 @@
 #   wal         no trigger, the publication (`outboxd wake-setup wal`) and a
 #               real `relay.wake = "wal"` relay streaming from its slot
 #               (needs wal_level = logical, the cluster's default here)
+#   wal-windows  wal with the relay reading windows, on an outbox set up
+#               for them (its baseline is no-wake-windows)
 # No relay runs in the other modes: their producer cost does not depend on
 # one, and a relay's CPU would be charged to them on a small machine.
 # --wal-level: the cluster's wal_level (default logical; replica to see
@@ -69,7 +71,7 @@ while (($#)); do
     *) echo "producer_load.sh: unknown argument: $1" >&2; usage ;;
   esac
 done
-[[ $wal_level == logical || " $modes " != *" wal "* ]] || { echo "producer_load.sh: mode wal needs --wal-level logical" >&2; exit 2; }
+[[ $wal_level == logical || " $modes " != *" wal"[" -"]* ]] || { echo "producer_load.sh: mode wal needs --wal-level logical" >&2; exit 2; }
 outboxd=${OUTBOXD_BIN:-$root/build/outboxd}
 [[ -x $outboxd ]] || { echo "producer_load.sh: build first (scripts/build.sh)" >&2; exit 1; }
 pgbench=${PG_BINDIR:-/usr/lib/postgresql/15/bin}/pgbench
@@ -127,7 +129,7 @@ set_up_mode() {
   psql_q -c "TRUNCATE bench_orders, outbox.events, outbox.deliveries, outbox.relay_wake"
   case $1 in
     none|no-wake*|poll-*) "$outboxd" wake-setup poll --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
-    wal) "$outboxd" wake-setup wal --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
+    wal*) "$outboxd" wake-setup wal --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
     *) "$outboxd" wake-setup auto --database-url "$url" --schema outbox >/dev/null 2>&1 ;;
   esac
   # Only a windows relay's producers pay for the txid default and its index.
@@ -147,14 +149,14 @@ set_up_mode() {
         sleep 0.1
       done
       ;;
-    poll-live|poll-windows|wal)
+    poll-live|poll-windows|wal|wal-windows)
       OUTBOXD_CONSUME=$(consume_of "$1") \
       OUTBOXD_WAKE=${1%-*} "$outboxd" run --database-url "$url" --schema outbox --url stdout --log-level info \
         >/dev/null 2>"$dir/relay.log" &
       relay_pid=$!
       # Started: claiming (poll) or streaming from its slot (wal).
       for _ in $(seq 100); do
-        grep -q "$([[ $1 == wal ]] && echo "WAL stream started" || echo "relay started")" "$dir/relay.log" && break
+        grep -q "$([[ $1 == wal* ]] && echo "WAL stream started" || echo "relay started")" "$dir/relay.log" && break
         sleep 0.1
       done
       ;;
