@@ -152,8 +152,9 @@ public:
                              telemetry_.notified();
                              feed_wake([&](wake_policy& w, auto now) { return w.committed(xids, now); });
                          },
-                         [this] {
-                             if (wal_streamed_) telemetry_.listen_restored();  // a reconnect, not the start
+                         [this](bool resumed) {
+                             // A reconnect, not the start or the end of a pause.
+                             if (wal_streamed_ && !resumed) telemetry_.listen_restored();
                              wal_streamed_ = true;
                              feed_wake([](wake_policy& w, auto now) { return w.stream_up(now); });
                          },
@@ -468,6 +469,8 @@ private:
                 });
             });
         }
+        if (a.pause_stream) wal_listener_.pause();
+        if (a.resume_stream) wal_listener_.resume();
         if (a.self_notify) {
             outcome_worker_.submit([this, channel = notify_channel(cfg().schema)](pg::store& store) {
                 try {

@@ -114,6 +114,9 @@ wake_policy::actions wake_policy::committed(const std::string& xids, time now) {
         a.claim = true;
         return a;
     }
+    // Paused: nothing comes from a closed stream, but a pause may cross a
+    // read of it; the busy claims find these.
+    if (stream_paused()) return a;
     for (auto& x : split_xids(xids)) {
         const bool known =
             std::any_of(unseen_.begin(), unseen_.end(), [&](const unseen_commit& u) { return u.xid == x; });
@@ -189,7 +192,9 @@ wake_policy::actions wake_policy::stream_up(time now) {
     if (!streams_wal()) return a;
     polling_ = false;
     poll_at_.reset();
-    a.claim = true;  // what committed before the slot existed is not in the stream
+    busy_poll_at_.reset();  // streaming again after a pause: the stream wakes the relay
+    quiet_windows_ = 0;
+    a.claim = true;  // what committed before the slot existed (or its resume point) is not in the stream
     // A commit just behind the slot's start point is not in the stream either,
     // and may not be visible to that claim yet (synchronous replication): its
     // transaction is still in progress, so what is in progress is watched.
@@ -208,6 +213,8 @@ wake_policy::actions wake_policy::stream_down(time now) {
     log::warn("the WAL stream is down: claiming every poll_interval until it is back",
               {{"poll_interval", format_duration(s_.poll_interval)}});
     start_polling(now);
+    if (stream_paused()) state_ = state::idle;
+    busy_poll_at_.reset();
     stream_claim_at_.reset();
     // Polling claims find them, and the claim when the stream is back.
     unseen_.clear();
@@ -271,11 +278,32 @@ void wake_policy::count_claimed(std::size_t got, time now) {
 
 bool wake_policy::fast_inflow() const noexcept { return last_window_busy_ || window_count_ * 10 >= s_.busy_rate; }
 
+// The inflow fell under busy_rate and stayed there: a wake-up per event is
+// cheap again, and claims busy_gap apart would make each event wait for the
+// next one. (Claims that keep finding a few events never come up empty for
+// idle_after.)
+bool wake_policy::busy_spell_over(std::size_t got, time now) const {
+    return quiet_windows_ >= quiet_windows_to_idle || (got == 0 && now - last_found_ >= s_.idle_after);
+}
+
+// A busy relay claims on its own: a full claim is followed at once by the
+// engine; otherwise busy_gap after one that found events (much of a claim's
+// cost is fixed, so fewer claims of more events each), busy_poll after one
+// that found none.
+void wake_policy::next_busy_claim(std::size_t got, bool full, time now) {
+    if (got > 0) {
+        last_found_ = now;
+        if (!full) busy_poll_at_ = now + s_.busy_gap;
+        return;
+    }
+    busy_poll_at_ = now + s_.busy_poll;
+}
+
 wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) {
     actions a;
     if (streams_wal()) {
         count_claimed(got, now);
-        return a;
+        return polling_ ? a : wal_claimed(got, full, now);
     }
     if (s_.mode != wake_mode::automatic || polling_) return a;
     count_claimed(got, now);
@@ -287,24 +315,58 @@ wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) 
         case state::settling:
             return a;
         case state::busy:
-            // The inflow fell under busy_rate and stayed there: notifications
-            // are cheap again, and claims busy_gap apart would make each
-            // event wait for the next one. (Claims that keep finding a few
-            // events never come up empty for idle_after.)
-            if (quiet_windows_ >= quiet_windows_to_idle) return settle(now);
-            if (got > 0) {
-                last_found_ = now;
-                // A full claim is followed at once by the engine. Otherwise
-                // busy_gap later: much of a claim's cost is fixed (its scan
-                // of the index's newest entries, not yet removable), so
-                // fewer claims of more events each.
-                if (!full) busy_poll_at_ = now + s_.busy_gap;
-                return a;
-            }
-            if (now - last_found_ >= s_.idle_after) return settle(now);
-            busy_poll_at_ = now + s_.busy_poll;
+            if (busy_spell_over(got, now)) return settle(now);
+            next_busy_claim(got, full, now);
             return a;
     }
+    return a;
+}
+
+wake_policy::actions wake_policy::wal_claimed(std::size_t got, bool full, time now) {
+    actions a;
+    switch (state_) {
+        case state::idle:
+        case state::watching:
+            // A whole window at busy_rate, not a burst's first claims: a
+            // pause costs a resume, a claim from the start and a read of
+            // what is in progress when it ends.
+            if (last_window_busy_) return pause_stream(now);
+            return a;
+        case state::settling:
+            return a;
+        case state::busy:
+            if (busy_spell_over(got, now)) {
+                // Polling until the stream is up, as at startup: a new slot
+                // is made in milliseconds, unless a transaction held open
+                // elsewhere keeps it waiting (busy claims would then run
+                // for as long).
+                state_ = state::idle;
+                busy_poll_at_.reset();
+                start_polling(now);
+                a.resume_stream = true;
+                return a;
+            }
+            next_busy_claim(got, full, now);
+            return a;
+    }
+    return a;
+}
+
+wake_policy::actions wake_policy::pause_stream(time now) {
+    actions a;
+    state_ = state::busy;
+    last_found_ = now;
+    quiet_windows_ = 0;
+    // The busy claims find what the stream showed and has not been claimed
+    // yet; the claim from the start when the stream is up again reaches
+    // whatever was watched (and is read in progress again then).
+    unseen_.clear();
+    recheck_at_.reset();
+    stream_claim_at_.reset();
+    watch_at_.reset();
+    watching_.clear();
+    busy_poll_at_ = now + s_.busy_gap;
+    a.pause_stream = true;
     return a;
 }
 

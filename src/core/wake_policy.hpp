@@ -27,6 +27,20 @@
 //           one claim per commit (the claims' cost is the producers' too,
 //           on the same database); below busy_rate every commit is claimed
 //           at once.
+//           When a whole rate window (100 ms) reached busy_rate, the stream
+//           itself pauses (pause_stream: the replication connection closes,
+//           its temporary slot with it): the server's WAL sender spends a
+//           send() per message, three per streamed commit, which on a
+//           database committing thousands of times a second costs it far
+//           more than the claims it saves. The relay then claims on its own
+//           as a busy auto relay does (busy_gap after a claim that found
+//           events, busy_poll after one that found none). When the spell
+//           ends (as auto's: three windows under busy_rate, or idle_after of
+//           empty claims) the stream resumes (resume_stream) and the relay
+//           polls until it runs, as at startup; then, as at any stream up,
+//           it claims from the start and watches what is in progress: a
+//           commit just behind the new slot's start point is not streamed
+//           and may not be visible yet.
 //           The WAL shows a commit a moment before the transaction is
 //           visible to other sessions (its commit record is flushed before
 //           the backend leaves the list of running transactions; with
@@ -123,6 +137,8 @@ public:
         bool watch = false;             // still_in_progress(watched()), then watched()
         bool self_notify = false;       // NOTIFY the channel from another connection
         bool check_visible = false;     // not_yet_visible(unseen()), then visible()
+        bool pause_stream = false;      // wal: stop the stream (the relay claims on its own)
+        bool resume_stream = false;     // wal: stream again, from a new slot; stream_up() follows
     };
 
     explicit wake_policy(settings s) : s_(s) {}
@@ -160,12 +176,15 @@ public:
     // claim that leases nothing: this one is never the last before the
     // relay waits.
     [[nodiscard]] bool claims_back_to_back() const noexcept {
-        return s_.mode == wake_mode::automatic && !polling_ && state_ == state::busy;
+        return (s_.mode == wake_mode::automatic || s_.mode == wake_mode::wal) && !polling_ && state_ == state::busy;
     }
+    // wal: the stream is paused, and the relay claims on its own.
+    [[nodiscard]] bool stream_paused() const noexcept { return streams_wal() && state_ == state::busy; }
     [[nodiscard]] bool polling() const noexcept { return polling_; }
     [[nodiscard]] bool declared_idle_now() const noexcept { return declared_idle_; }
 
 private:
+    // wal uses busy for "stream paused".
     enum class state { idle, busy, settling, watching };
 
     actions become_busy(time now);
@@ -199,6 +218,10 @@ private:
     std::optional<time> stream_claim_at_;
 
     void count_claimed(std::size_t got, time now);
+    [[nodiscard]] bool busy_spell_over(std::size_t got, time now) const;
+    void next_busy_claim(std::size_t got, bool full, time now);
+    actions wal_claimed(std::size_t got, bool full, time now);
+    actions pause_stream(time now);
     actions stream_claim(time now);
     void start_check(actions& a);
     void check_soon(actions& a, time now);

@@ -198,8 +198,10 @@ bool wal_listener::read_results() {
             backoff_.reset();
             const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                                                     slot_requested_);
-            log::info("WAL stream started", {{"slot", slot_}, {"after", format_duration(took)}});
-            if (cb_.on_connected) cb_.on_connected();
+            const bool resumed = std::exchange(resuming_, false);
+            log::info(resumed ? "WAL stream resumed" : "WAL stream started",
+                      {{"slot", slot_}, {"after", format_duration(took)}});
+            if (cb_.on_connected) cb_.on_connected(resumed);
             if (stopped_ || conn_ == nullptr) return false;
             arm_status();
             read_stream();
@@ -283,8 +285,34 @@ void wal_listener::arm_status() {
     });
 }
 
+void wal_listener::pause() {
+    if (stopped_ || paused_ || phase_ != phase::streaming) return;
+    log::info("WAL stream paused under load (its slot is dropped; the relay claims on its own)", {{"slot", slot_}});
+    close();
+    paused_ = true;
+}
+
+void wal_listener::resume() {
+    if (stopped_) return;
+    if (paused_) {
+        paused_ = false;
+        resuming_ = true;
+        connect_after(std::chrono::milliseconds::zero());
+        return;
+    }
+    if (phase_ == phase::streaming) {
+        // Never paused (see pause()): it is up; say so, once the caller is done.
+        net::post(ioc_, [this, alive = alive_, gen = generation_] {
+            if (!*alive || gen != generation_ || stopped_ || phase_ != phase::streaming) return;
+            if (cb_.on_connected) cb_.on_connected(true);
+        });
+    }
+    // Otherwise connecting or starting: on_connected or on_lost follows.
+}
+
 void wal_listener::lose(const std::string& why) {
     close();
+    resuming_ = false;
     if (stopped_) return;
     const auto reason = scrub_secrets(why, dsn_);
     log::warn("WAL stream lost; reconnecting", {{"reason", reason}});
@@ -294,10 +322,13 @@ void wal_listener::lose(const std::string& why) {
 
 void wal_listener::schedule_reconnect() {
     static thread_local std::minstd_rand rng{std::random_device{}()};
-    const auto delay = backoff_.next();
-    retry_timer_.expires_after(jittered(delay, static_cast<std::uint32_t>(rng())));
+    connect_after(jittered(backoff_.next(), static_cast<std::uint32_t>(rng())));
+}
+
+void wal_listener::connect_after(std::chrono::milliseconds delay) {
+    retry_timer_.expires_after(delay);
     retry_timer_.async_wait([this, alive = alive_](const boost::system::error_code& ec) {
-        if (ec || !*alive || stopped_) return;
+        if (ec || !*alive || stopped_ || paused_) return;
         net::post(connector_, [this, alive, dsn = dsn_] {
             PGconn* c = PQconnectdb(replication_dsn(dsn).c_str());
             std::string error;
@@ -312,6 +343,11 @@ void wal_listener::schedule_reconnect() {
                     return;
                 }
                 if (c == nullptr) {
+                    if (std::exchange(resuming_, false)) {
+                        // Lost after all: the relay polls until it is back.
+                        lose(error);
+                        return;
+                    }
                     log::warn("WAL stream reconnect failed", {{"reason", error}});
                     schedule_reconnect();
                     return;

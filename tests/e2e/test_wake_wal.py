@@ -15,7 +15,7 @@ from psycopg2 import sql
 
 from conftest import (EXIT_DB_UNSUITABLE, EXIT_OK, EXIT_PERMISSION_DENIED, EXIT_SCHEMA_MISSING, admin_execute,
                       apply_printed_sql)
-from helpers import two_phase_transaction, wait_delivered, wait_until
+from helpers import duplicates, ok_ids, two_phase_transaction, wait_delivered, wait_until
 
 SLOW = ("--sweep-interval", "1h", "--poll-interval", "1h")
 
@@ -40,6 +40,14 @@ def _slots(db, pid=None) -> list:
 
 def _started(r, times=1) -> bool:
     return r.log().count("WAL stream started") >= times
+
+
+def _paused(r) -> bool:
+    return "WAL stream paused under load" in r.log()
+
+
+def _resumed(r) -> bool:
+    return "WAL stream resumed" in r.log()
 
 
 @pytest.fixture
@@ -391,3 +399,67 @@ def test_a_commit_just_before_the_slot_that_is_not_visible_at_stream_up_is_claim
         assert time.monotonic() - visible < 2.0
     finally:
         db.close()
+
+
+def test_under_load_the_stream_pauses_with_its_slot_and_resumes_after_losing_nothing(wal_db, receiver, relay):
+    """Faster than busy_rate (300 events a second) for a whole window, the
+    relay closes its stream and slot (the WAL sender's messages, three per
+    commit, cost the database more than the claims they save) and claims on
+    its own; when the load ends it streams again from a new slot. The sweep
+    and the poll are an hour away: while paused only its own claims deliver,
+    and after it only the stream. A producer open across the resume holds
+    the new slot back, as at startup, and its event is claimed when the
+    stream comes up."""
+    import threading
+    db = wal_db
+    r = relay(receiver, "--wake", "wal", *SLOW)
+    assert wait_until(lambda: _started(r), 10), r.log()
+    ids: list = []
+    stop = threading.Event()
+
+    def produce():
+        conn = db.connect()
+        try:
+            while not stop.is_set():
+                ids.append(db.enqueue("load", {"n": len(ids)}, conn=conn))
+        finally:
+            conn.close()
+
+    producers = [threading.Thread(target=produce) for _ in range(2)]
+    for p in producers:
+        p.start()
+    try:
+        assert wait_until(lambda: _paused(r), 10), r.log()
+        assert wait_until(lambda: not _slots(db, r.pid), 5), _slots(db, r.pid)  # nothing retains WAL
+        # Paused, still under load: delivered by the relay's own claims.
+        marker = db.enqueue("marker", {"paused": True})
+        sent = time.monotonic()
+        assert wait_delivered(receiver, [marker], timeout=5), r.log()
+        assert time.monotonic() - sent < 1.0
+        assert not _resumed(r) and not _slots(db, r.pid), r.log()
+        held_conn = db.connect()
+        held = db.enqueue("held", {"across": "the resume"}, conn=held_conn, commit=False)
+    finally:
+        stop.set()
+        for p in producers:
+            p.join(10)
+    # The load ended: a new slot, waiting for the held producer.
+    assert wait_until(lambda: r.log().count("creating a temporary replication slot") >= 2 and _slots(db, r.pid),
+                      10), r.log()
+    time.sleep(0.3)
+    assert not _resumed(r), r.log()
+    held_conn.commit()
+    committed = time.monotonic()
+    assert wait_delivered(receiver, [held], timeout=5), r.log()
+    assert time.monotonic() - committed < 2.0
+    assert wait_until(lambda: _resumed(r), 5), r.log()
+    assert "WAL stream lost" not in r.log() and "level=error" not in r.log(), r.log()
+    assert wait_delivered(receiver, ids + [marker], timeout=10), r.log()
+    assert duplicates(ok_ids(receiver)) == {}
+    # Streaming again: a lone event is prompt, with the poll an hour away.
+    e = db.enqueue("t", {"after": True})
+    committed = time.monotonic()
+    assert wait_delivered(receiver, [e], timeout=5), r.log()
+    assert time.monotonic() - committed < 1.0
+    assert len(_slots(db, r.pid)) == 1
+    assert db.wait_empty(5)

@@ -445,3 +445,104 @@ TEST_CASE("wake policy: wal mode at stream up reads the transactions in progress
     CHECK_FALSE(w.busy());
     CHECK_FALSE(w.timer(t0 + 41ms + s.idle_after).claim);  // not busy: no busy claim either
 }
+
+TEST_CASE("wake policy: wal mode pauses the stream after a whole window at busy_rate, claims on its own, and resumes when the spell ends") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.busy_rate = 300;
+    s.busy_gap = 5ms;
+    s.busy_poll = 2ms;
+    s.idle_after = 100ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    (void)w.declared_idle({}, t0 + 1ms);
+    // A burst's first claims do not pause: the window is not over yet.
+    CHECK_FALSE(w.claimed(40, false, t0 + 2ms).pause_stream);
+    CHECK_FALSE(w.stream_paused());
+    // The window closes at 400 a second: the stream pauses.
+    auto a = w.claimed(10, false, t0 + 102ms);
+    CHECK(a.pause_stream);
+    CHECK(w.stream_paused());
+    CHECK(w.busy());
+    CHECK(w.claims_back_to_back());
+    CHECK(*w.next_timer() == t0 + 107ms);  // busy_gap
+    // What the stream still shows while it stops is left to the busy claims.
+    a = w.committed("41,42", t0 + 103ms);
+    CHECK_FALSE(a.check_visible);
+    CHECK_FALSE(a.claim);
+    CHECK(w.timer(t0 + 107ms).claim);
+    (void)w.claimed(2, false, t0 + 108ms);
+    CHECK(*w.next_timer() == t0 + 113ms);
+    CHECK(w.timer(t0 + 113ms).claim);
+    (void)w.claimed(0, false, t0 + 114ms);
+    CHECK(*w.next_timer() == t0 + 116ms);  // busy_poll after a claim that found none
+    // Steady load keeps it paused: windows at the rate.
+    for (int i = 0; i < 5; ++i) {
+        const auto now = t0 + 210ms + std::chrono::milliseconds(100 * i);
+        a = w.claimed(40, false, now);
+        CHECK_FALSE(a.resume_stream);
+        CHECK_FALSE(a.pause_stream);
+    }
+    // Three windows under the rate (the one closed at 710 ms still holds the
+    // claim at 610 ms): the stream resumes, and the relay polls until it
+    // runs, as at startup.
+    for (const auto at : {710ms, 810ms, 910ms}) CHECK_FALSE(w.claimed(1, false, t0 + at).resume_stream);
+    a = w.claimed(1, false, t0 + 1010ms);
+    CHECK(a.resume_stream);
+    CHECK_FALSE(w.stream_paused());
+    CHECK(w.polling());
+    CHECK(*w.next_timer() == t0 + 1010ms + s.poll_interval);
+    CHECK_FALSE(w.claimed(0, false, t0 + 1016ms).resume_stream);  // asked once
+    CHECK(w.committed("960", t0 + 1016ms).claim);  // what a stream still starting shows (never, but as when polling)
+    // Up again: as at any stream up, a claim and a read of what is in
+    // progress (a commit just behind the resume point is not streamed), and
+    // no more claims of its own.
+    a = w.stream_up(t0 + 1017ms);
+    CHECK(a.claim);
+    CHECK(a.read_in_progress);
+    CHECK_FALSE(w.polling());
+    CHECK_FALSE(w.next_timer());
+    a = w.declared_idle(starts_unknown({"950"}), t0 + 1018ms);
+    CHECK(a.claim_from_start);
+    CHECK(w.in_progress() == "950");
+    // Streamed commits are checked and claimed again.
+    CHECK(w.committed("951", t0 + 1020ms).check_visible);
+}
+
+TEST_CASE("wake policy: wal mode resumes after idle_after of empty claims, and polls when the stream is lost while paused") {
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.busy_rate = 300;
+    s.busy_poll = 2ms;
+    s.idle_after = 100ms;
+    s.poll_interval = 500ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    (void)w.declared_idle({}, t0 + 1ms);
+    (void)w.claimed(40, false, t0 + 2ms);
+    REQUIRE(w.claimed(40, false, t0 + 102ms).pause_stream);
+    // Nothing found since: idle_after later it resumes, polling meanwhile.
+    CHECK_FALSE(w.claimed(0, false, t0 + 150ms).resume_stream);
+    CHECK(w.claimed(0, false, t0 + 202ms).resume_stream);
+    CHECK(w.polling());
+    CHECK(*w.next_timer() == t0 + 702ms);
+    // The new connection failed: still polling; the stream up after the
+    // reconnect claims and reads what is in progress.
+    auto a = w.stream_down(t0 + 210ms);
+    CHECK(w.polling());
+    CHECK_FALSE(w.stream_paused());
+    CHECK_FALSE(w.claimed(50, false, t0 + 300ms).pause_stream);  // polling: never pauses
+    a = w.stream_up(t0 + 400ms);
+    CHECK(a.claim);
+    CHECK(a.read_in_progress);
+    CHECK_FALSE(w.polling());
+    // Lost while paused, before any resume.
+    (void)w.declared_idle({}, t0 + 401ms);
+    (void)w.claimed(40, false, t0 + 402ms);
+    REQUIRE(w.claimed(40, false, t0 + 502ms).pause_stream);
+    (void)w.stream_down(t0 + 503ms);
+    CHECK_FALSE(w.stream_paused());
+    CHECK(w.polling());
+}
