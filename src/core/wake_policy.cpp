@@ -236,14 +236,18 @@ wake_policy::actions wake_policy::no_trigger(time now) {
     return a;
 }
 
-wake_policy::actions wake_policy::become_busy(time now) {
-    actions a;
+void wake_policy::start_busy_spell(time now) {
     state_ = state::busy;
     last_found_ = now;
     quiet_windows_ = 0;
+    watch_at_.reset();
+}
+
+wake_policy::actions wake_policy::become_busy(time now) {
+    actions a;
     // Still watched, not polled: those that end while the relay is busy are
     // reached back for at its next transition (declared_idle).
-    watch_at_.reset();
+    start_busy_spell(now);
     declared_idle_ = false;
     a.declare = false;
     a.claim = true;
@@ -354,16 +358,13 @@ wake_policy::actions wake_policy::wal_claimed(std::size_t got, bool full, time n
 
 wake_policy::actions wake_policy::pause_stream(time now) {
     actions a;
-    state_ = state::busy;
-    last_found_ = now;
-    quiet_windows_ = 0;
+    start_busy_spell(now);
     // The busy claims find what the stream showed and has not been claimed
     // yet; the claim from the start when the stream is up again reaches
     // whatever was watched (and is read in progress again then).
     unseen_.clear();
     recheck_at_.reset();
     stream_claim_at_.reset();
-    watch_at_.reset();
     watching_.clear();
     busy_poll_at_ = now + s_.busy_gap;
     a.pause_stream = true;

@@ -187,6 +187,7 @@ private:
     // wal uses busy for "stream paused".
     enum class state { idle, busy, settling, watching };
 
+    void start_busy_spell(time now);
     actions become_busy(time now);
     actions claim_after(const std::vector<xact_in_progress>& ended);
     actions settle(time now);
