@@ -46,10 +46,6 @@ def _paused(r) -> bool:
     return "WAL stream paused under load" in r.log()
 
 
-def _resumed(r) -> bool:
-    return "WAL stream resumed" in r.log()
-
-
 @pytest.fixture
 def wal_db(outboxd, db):
     _wal_setup(outboxd, db.url, db.schema)
@@ -431,12 +427,25 @@ def test_under_load_the_stream_pauses_with_its_slot_and_resumes_after_losing_not
     try:
         assert wait_until(lambda: _paused(r), 10), r.log()
         assert wait_until(lambda: not _slots(db, r.pid), 5), _slots(db, r.pid)  # nothing retains WAL
-        # Paused, still under load: delivered by the relay's own claims.
-        marker = db.enqueue("marker", {"paused": True})
-        sent = time.monotonic()
-        assert wait_delivered(receiver, [marker], timeout=5), r.log()
-        assert time.monotonic() - sent < 1.0
-        assert not _resumed(r) and not _slots(db, r.pid), r.log()
+        # Paused, still under load: delivered by the relay's own claims. (A
+        # machine too slow to keep the load over busy_rate resumes the
+        # stream meanwhile, which proves nothing: then again.)
+        markers = []
+        for _ in range(5):
+            spells = r.log().count("WAL stream paused under load")
+            if _slots(db, r.pid) or r.log().count("creating a temporary replication slot") > spells:
+                assert wait_until(lambda: r.log().count("WAL stream paused under load") > spells, 10), r.log()
+                continue
+            markers.append(db.enqueue("marker", {"paused": True}))
+            sent = time.monotonic()
+            assert wait_delivered(receiver, [markers[-1]], timeout=5), r.log()
+            delivered_within = time.monotonic() - sent
+            if r.log().count("creating a temporary replication slot") == spells:  # still paused: its own claims
+                break
+        else:
+            pytest.fail(f"the stream did not stay paused for one delivery under this load: {r.log()}")
+        assert delivered_within < 1.0, delivered_within
+        creates, resumes = r.log().count("creating a temporary replication slot"), r.log().count("WAL stream resumed")
         held_conn = db.connect()
         held = db.enqueue("held", {"across": "the resume"}, conn=held_conn, commit=False)
     finally:
@@ -444,17 +453,17 @@ def test_under_load_the_stream_pauses_with_its_slot_and_resumes_after_losing_not
         for p in producers:
             p.join(10)
     # The load ended: a new slot, waiting for the held producer.
-    assert wait_until(lambda: r.log().count("creating a temporary replication slot") >= 2 and _slots(db, r.pid),
+    assert wait_until(lambda: r.log().count("creating a temporary replication slot") > creates and _slots(db, r.pid),
                       10), r.log()
     time.sleep(0.3)
-    assert not _resumed(r), r.log()
+    assert r.log().count("WAL stream resumed") == resumes, r.log()
     held_conn.commit()
     committed = time.monotonic()
     assert wait_delivered(receiver, [held], timeout=5), r.log()
     assert time.monotonic() - committed < 2.0
-    assert wait_until(lambda: _resumed(r), 5), r.log()
+    assert wait_until(lambda: r.log().count("WAL stream resumed") > resumes, 5), r.log()
     assert "WAL stream lost" not in r.log() and "level=error" not in r.log(), r.log()
-    assert wait_delivered(receiver, ids + [marker], timeout=10), r.log()
+    assert wait_delivered(receiver, ids + markers, timeout=10), r.log()
     assert duplicates(ok_ids(receiver)) == {}
     # Streaming again: a lone event is prompt, with the poll an hour away.
     e = db.enqueue("t", {"after": True})
