@@ -193,7 +193,7 @@ wake_policy::actions wake_policy::stream_up(time now) {
     polling_ = false;
     poll_at_.reset();
     busy_poll_at_.reset();  // streaming again after a pause: the stream wakes the relay
-    quiet_windows_ = 0;
+    restart_rate_window(now);
     a.claim = true;  // what committed before the slot existed (or its resume point) is not in the stream
     // A commit just behind the slot's start point is not in the stream either,
     // and may not be visible to that claim yet (synchronous replication): its
@@ -213,7 +213,7 @@ wake_policy::actions wake_policy::stream_down(time now) {
     log::warn("the WAL stream is down: claiming every poll_interval until it is back",
               {{"poll_interval", format_duration(s_.poll_interval)}});
     start_polling(now);
-    if (stream_paused()) state_ = state::idle;
+    if (state_ == state::busy || state_ == state::resuming) state_ = state::idle;
     busy_poll_at_.reset();
     stream_claim_at_.reset();
     // Polling claims find them, and the claim when the stream is back.
@@ -317,6 +317,7 @@ wake_policy::actions wake_policy::claimed(std::size_t got, bool full, time now) 
             if (window_count_ * 10 >= s_.busy_rate) return become_busy(now);
             return a;
         case state::settling:
+        case state::resuming:  // wal only
             return a;
         case state::busy:
             if (busy_spell_over(got, now)) return settle(now);
@@ -340,20 +341,40 @@ wake_policy::actions wake_policy::wal_claimed(std::size_t got, bool full, time n
             return a;
         case state::busy:
             if (busy_spell_over(got, now)) {
-                // Polling until the stream is up, as at startup: a new slot
-                // is made in milliseconds, unless a transaction held open
-                // elsewhere keeps it waiting (busy claims would then run
-                // for as long).
-                state_ = state::idle;
-                busy_poll_at_.reset();
-                start_polling(now);
+                state_ = state::resuming;
+                // The rate of the spell is not the rate after it: a window
+                // it began must not pause the new stream at once.
+                restart_rate_window(now);
                 a.resume_stream = true;
-                return a;
             }
-            next_busy_claim(got, full, now);
+            next_resuming_claim(got, full, now);
+            return a;
+        case state::resuming:
+            next_resuming_claim(got, full, now);
             return a;
     }
     return a;
+}
+
+// Until the new stream runs. A slot is made in milliseconds, unless a
+// transaction held open anywhere in the cluster (a forgotten prepared one:
+// for good) keeps its creation waiting; meanwhile the relay claims on the
+// busy cadence while claims find events, and every watch_slow_interval once
+// they have found none for idle_after: an event waits at most that long, and
+// a blocked slot costs ten empty claims a second, not five hundred.
+void wake_policy::next_resuming_claim(std::size_t got, bool full, time now) {
+    if (got == 0 && now - last_found_ >= s_.idle_after) {
+        busy_poll_at_ = now + s_.watch_slow_interval;
+        return;
+    }
+    next_busy_claim(got, full, now);
+}
+
+void wake_policy::restart_rate_window(time now) {
+    window_start_ = now;
+    window_count_ = 0;
+    last_window_busy_ = false;
+    quiet_windows_ = 0;
 }
 
 wake_policy::actions wake_policy::pause_stream(time now) {

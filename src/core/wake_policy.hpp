@@ -36,11 +36,14 @@
 //           as a busy auto relay does (busy_gap after a claim that found
 //           events, busy_poll after one that found none). When the spell
 //           ends (as auto's: three windows under busy_rate, or idle_after of
-//           empty claims) the stream resumes (resume_stream) and the relay
-//           polls until it runs, as at startup; then, as at any stream up,
-//           it claims from the start and watches what is in progress: a
-//           commit just behind the new slot's start point is not streamed
-//           and may not be visible yet.
+//           empty claims) the stream resumes (resume_stream: a new slot,
+//           which waits for the transactions in progress) and the relay goes
+//           on claiming until it runs, on the busy cadence while claims find
+//           events and every watch_slow_interval once they have found none
+//           for idle_after; then, as at any stream up, it claims from the
+//           start and watches what is in progress: a commit just behind the
+//           new slot's start point is not streamed and may not be visible
+//           yet.
 //           The WAL shows a commit a moment before the transaction is
 //           visible to other sessions (its commit record is flushed before
 //           the backend leaves the list of running transactions; with
@@ -176,7 +179,8 @@ public:
     // claim that leases nothing: this one is never the last before the
     // relay waits.
     [[nodiscard]] bool claims_back_to_back() const noexcept {
-        return (s_.mode == wake_mode::automatic || s_.mode == wake_mode::wal) && !polling_ && state_ == state::busy;
+        return (s_.mode == wake_mode::automatic || s_.mode == wake_mode::wal) && !polling_ &&
+               (state_ == state::busy || state_ == state::resuming);
     }
     // wal: the stream is paused, and the relay claims on its own.
     [[nodiscard]] bool stream_paused() const noexcept { return streams_wal() && state_ == state::busy; }
@@ -184,8 +188,9 @@ public:
     [[nodiscard]] bool declared_idle_now() const noexcept { return declared_idle_; }
 
 private:
-    // wal uses busy for "stream paused".
-    enum class state { idle, busy, settling, watching };
+    // wal: busy is "stream paused", resuming "asked to stream again, not
+    // streaming yet".
+    enum class state { idle, busy, settling, watching, resuming };
 
     void start_busy_spell(time now);
     actions become_busy(time now);
@@ -221,6 +226,8 @@ private:
     void count_claimed(std::size_t got, time now);
     [[nodiscard]] bool busy_spell_over(std::size_t got, time now) const;
     void next_busy_claim(std::size_t got, bool full, time now);
+    void next_resuming_claim(std::size_t got, bool full, time now);
+    void restart_rate_window(time now);
     actions wal_claimed(std::size_t got, bool full, time now);
     actions pause_stream(time now);
     actions stream_claim(time now);

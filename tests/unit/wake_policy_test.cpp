@@ -485,16 +485,16 @@ TEST_CASE("wake policy: wal mode pauses the stream after a whole window at busy_
         CHECK_FALSE(a.pause_stream);
     }
     // Three windows under the rate (the one closed at 710 ms still holds the
-    // claim at 610 ms): the stream resumes, and the relay polls until it
-    // runs, as at startup.
+    // claim at 610 ms): the stream resumes; until it runs, claims go on.
     for (const auto at : {710ms, 810ms, 910ms}) CHECK_FALSE(w.claimed(1, false, t0 + at).resume_stream);
     a = w.claimed(1, false, t0 + 1010ms);
     CHECK(a.resume_stream);
     CHECK_FALSE(w.stream_paused());
-    CHECK(w.polling());
-    CHECK(*w.next_timer() == t0 + 1010ms + s.poll_interval);
+    CHECK_FALSE(w.polling());
+    CHECK(*w.next_timer() == t0 + 1015ms);  // busy_gap: that claim found an event
+    CHECK(w.timer(t0 + 1015ms).claim);
     CHECK_FALSE(w.claimed(0, false, t0 + 1016ms).resume_stream);  // asked once
-    CHECK(w.committed("960", t0 + 1016ms).claim);  // what a stream still starting shows (never, but as when polling)
+    CHECK(*w.next_timer() == t0 + 1018ms);
     // Up again: as at any stream up, a claim and a read of what is in
     // progress (a commit just behind the resume point is not streamed), and
     // no more claims of its own.
@@ -508,6 +508,11 @@ TEST_CASE("wake policy: wal mode pauses the stream after a whole window at busy_
     CHECK(w.in_progress() == "950");
     // Streamed commits are checked and claimed again.
     CHECK(w.committed("951", t0 + 1020ms).check_visible);
+    // The spell's rate window does not carry over: a claim right after the
+    // stream is up, of a few events, does not pause it again.
+    CHECK_FALSE(w.claimed(5, false, t0 + 1030ms).pause_stream);
+    CHECK_FALSE(w.claimed(5, false, t0 + 1140ms).pause_stream);
+    CHECK_FALSE(w.stream_paused());
 }
 
 TEST_CASE("wake policy: wal mode resumes after idle_after of empty claims, and polls when the stream is lost while paused") {
@@ -523,26 +528,59 @@ TEST_CASE("wake policy: wal mode resumes after idle_after of empty claims, and p
     (void)w.declared_idle({}, t0 + 1ms);
     (void)w.claimed(40, false, t0 + 2ms);
     REQUIRE(w.claimed(40, false, t0 + 102ms).pause_stream);
-    // Nothing found since: idle_after later it resumes, polling meanwhile.
+    // Nothing found since: idle_after later it resumes. The new slot may
+    // wait for a transaction held open elsewhere (for good, a forgotten
+    // prepared one): meanwhile a claim every watch_slow_interval while
+    // nothing comes, the busy cadence when something does.
     CHECK_FALSE(w.claimed(0, false, t0 + 150ms).resume_stream);
     CHECK(w.claimed(0, false, t0 + 202ms).resume_stream);
-    CHECK(w.polling());
-    CHECK(*w.next_timer() == t0 + 702ms);
-    // The new connection failed: still polling; the stream up after the
-    // reconnect claims and reads what is in progress.
-    auto a = w.stream_down(t0 + 210ms);
+    CHECK_FALSE(w.polling());
+    CHECK(*w.next_timer() == t0 + 202ms + s.watch_slow_interval);
+    CHECK(w.timer(t0 + 302ms).claim);
+    CHECK_FALSE(w.claimed(0, false, t0 + 303ms).resume_stream);
+    CHECK(*w.next_timer() == t0 + 403ms);
+    (void)w.claimed(3, false, t0 + 404ms);
+    CHECK(*w.next_timer() == t0 + 404ms + s.busy_gap);
+    // The new connection failed: polling; the stream up after the reconnect
+    // claims and reads what is in progress.
+    auto a = w.stream_down(t0 + 410ms);
+    CHECK(a.claim);
     CHECK(w.polling());
     CHECK_FALSE(w.stream_paused());
-    CHECK_FALSE(w.claimed(50, false, t0 + 300ms).pause_stream);  // polling: never pauses
-    a = w.stream_up(t0 + 400ms);
+    CHECK_FALSE(w.claimed(50, false, t0 + 450ms).pause_stream);  // polling: never pauses
+    a = w.stream_up(t0 + 500ms);
     CHECK(a.claim);
     CHECK(a.read_in_progress);
     CHECK_FALSE(w.polling());
     // Lost while paused, before any resume.
-    (void)w.declared_idle({}, t0 + 401ms);
-    (void)w.claimed(40, false, t0 + 402ms);
-    REQUIRE(w.claimed(40, false, t0 + 502ms).pause_stream);
-    (void)w.stream_down(t0 + 503ms);
+    (void)w.declared_idle({}, t0 + 501ms);
+    (void)w.claimed(40, false, t0 + 502ms);
+    REQUIRE(w.claimed(40, false, t0 + 602ms).pause_stream);
+    (void)w.stream_down(t0 + 603ms);
     CHECK_FALSE(w.stream_paused());
     CHECK(w.polling());
+}
+
+TEST_CASE("wake policy: wal mode does not pause a resumed stream again on the rate of the spell that ended") {
+    // The spell ends on idle_after while the window it began still counts
+    // its last events at busy_rate: the first claim after the stream is up
+    // must not read that window as a new spell.
+    wake_policy::settings s;
+    s.mode = wake_mode::wal;
+    s.busy_rate = 300;
+    s.idle_after = 100ms;
+    wake_policy w(s);
+    (void)w.started(t0);
+    (void)w.stream_up(t0);
+    (void)w.declared_idle({}, t0 + 1ms);
+    (void)w.claimed(40, false, t0 + 2ms);
+    REQUIRE(w.claimed(40, false, t0 + 102ms).pause_stream);
+    (void)w.claimed(40, false, t0 + 140ms);
+    (void)w.claimed(0, false, t0 + 202ms);  // closes a window of 40: busy
+    REQUIRE(w.claimed(0, false, t0 + 240ms).resume_stream);
+    (void)w.stream_up(t0 + 260ms);
+    (void)w.declared_idle({}, t0 + 261ms);
+    CHECK_FALSE(w.claimed(1, false, t0 + 265ms).pause_stream);
+    CHECK_FALSE(w.claimed(1, false, t0 + 370ms).pause_stream);
+    CHECK_FALSE(w.stream_paused());
 }
