@@ -194,7 +194,7 @@ wake_policy::actions wake_policy::stream_up(time now) {
     poll_at_.reset();
     busy_poll_at_.reset();  // streaming again after a pause: the stream wakes the relay
     restart_rate_window(now);
-    a.claim = true;  // what committed before the slot existed (or its resume point) is not in the stream
+    a.claim = true;  // what committed before the slot existed (a new one after a pause) is not in the stream
     // A commit just behind the slot's start point is not in the stream either,
     // and may not be visible to that claim yet (synchronous replication): its
     // transaction is still in progress, so what is in progress is watched.
@@ -340,15 +340,16 @@ wake_policy::actions wake_policy::wal_claimed(std::size_t got, bool full, time n
         case state::settling:
             return a;
         case state::busy:
-            if (busy_spell_over(got, now)) {
-                state_ = state::resuming;
-                // The rate of the spell is not the rate after it: a window
-                // it began must not pause the new stream at once.
-                restart_rate_window(now);
-                a.resume_stream = true;
+            if (!busy_spell_over(got, now)) {
+                next_busy_claim(got, full, now);
+                return a;
             }
-            next_resuming_claim(got, full, now);
-            return a;
+            state_ = state::resuming;
+            // The rate of the spell is not the rate after it: a window it
+            // began must not pause the new stream at once.
+            restart_rate_window(now);
+            a.resume_stream = true;
+            [[fallthrough]];
         case state::resuming:
             next_resuming_claim(got, full, now);
             return a;

@@ -174,7 +174,8 @@ public:
     // Observers (tests, logs).
     [[nodiscard]] bool busy() const noexcept { return state_ == state::busy; }
     // Whether a claim that leases anything is followed by another within
-    // busy_gap (auto, busy; a full claim is followed at once in every mode).
+    // busy_gap (auto, busy; wal, paused or resuming; a full claim is
+    // followed at once in every mode).
     // The claim's answer to "when is the next one due" can then wait for a
     // claim that leases nothing: this one is never the last before the
     // relay waits.
