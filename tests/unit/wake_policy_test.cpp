@@ -515,6 +515,16 @@ TEST_CASE("wake policy: wal mode pauses the stream after a whole window at busy_
     CHECK_FALSE(w.stream_paused());
 }
 
+// A wal relay whose stream came up at `up`: idle 1 ms later, then a whole
+// window at 400 events a second (busy_rate 300) pauses the stream at up + 102 ms.
+namespace {
+void pause_under_load(wake_policy& w, wake_policy::time up) {
+    (void)w.declared_idle({}, up + 1ms);
+    (void)w.claimed(40, false, up + 2ms);
+    REQUIRE(w.claimed(40, false, up + 102ms).pause_stream);
+}
+}  // namespace
+
 TEST_CASE("wake policy: wal mode resumes after idle_after of empty claims, and polls when the stream is lost while paused") {
     wake_policy::settings s;
     s.mode = wake_mode::wal;
@@ -525,9 +535,7 @@ TEST_CASE("wake policy: wal mode resumes after idle_after of empty claims, and p
     wake_policy w(s);
     (void)w.started(t0);
     (void)w.stream_up(t0);
-    (void)w.declared_idle({}, t0 + 1ms);
-    (void)w.claimed(40, false, t0 + 2ms);
-    REQUIRE(w.claimed(40, false, t0 + 102ms).pause_stream);
+    pause_under_load(w, t0);
     // Nothing found since: idle_after later it resumes. The new slot may
     // wait for a transaction held open elsewhere (for good, a forgotten
     // prepared one): meanwhile a claim every watch_slow_interval while
@@ -553,9 +561,7 @@ TEST_CASE("wake policy: wal mode resumes after idle_after of empty claims, and p
     CHECK(a.read_in_progress);
     CHECK_FALSE(w.polling());
     // Lost while paused, before any resume.
-    (void)w.declared_idle({}, t0 + 501ms);
-    (void)w.claimed(40, false, t0 + 502ms);
-    REQUIRE(w.claimed(40, false, t0 + 602ms).pause_stream);
+    pause_under_load(w, t0 + 500ms);
     (void)w.stream_down(t0 + 603ms);
     CHECK_FALSE(w.stream_paused());
     CHECK(w.polling());
@@ -572,9 +578,7 @@ TEST_CASE("wake policy: wal mode does not pause a resumed stream again on the ra
     wake_policy w(s);
     (void)w.started(t0);
     (void)w.stream_up(t0);
-    (void)w.declared_idle({}, t0 + 1ms);
-    (void)w.claimed(40, false, t0 + 2ms);
-    REQUIRE(w.claimed(40, false, t0 + 102ms).pause_stream);
+    pause_under_load(w, t0);
     (void)w.claimed(40, false, t0 + 140ms);
     (void)w.claimed(0, false, t0 + 202ms);  // closes a window of 40: busy
     REQUIRE(w.claimed(0, false, t0 + 240ms).resume_stream);
