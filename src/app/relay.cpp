@@ -389,6 +389,7 @@ private:
         wake_policy::settings s;
         s.mode = parse_wake_mode(c.wake);
         s.poll_interval = c.poll_interval;
+        s.busy_gap = c.busy_gap;
         s.refresh_interval = c.sweep_interval;
         return s;
     }
@@ -651,6 +652,7 @@ private:
         if (now.consume != next.consume) return "relay.consume";
         if (now.wake != next.wake) return "relay.wake";
         if (now.poll_interval != next.poll_interval) return "relay.poll_interval";
+        if (now.busy_gap != next.busy_gap) return "relay.busy_gap";
         if (now.db_transaction_pooling != next.db_transaction_pooling) return "database.transaction_pooling";
         return std::nullopt;
     }

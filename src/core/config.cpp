@@ -169,14 +169,20 @@ std::int64_t int_from_text(std::string_view text, const origin& o, std::int64_t 
     }
 }
 
-milliseconds duration_checked(std::string_view text, const origin& o, milliseconds min, std::string_view got) {
+milliseconds duration_checked(std::string_view text, const origin& o, milliseconds min, milliseconds max,
+                              std::string_view got) {
     milliseconds d{};
     try {
         d = parse_duration(text);
     } catch (const std::invalid_argument&) {
         fail(o, fmt::format("expected a duration like \"5s\" or \"250ms\", got {}", got));
     }
-    if (d < min) fail(o, fmt::format("expected a duration of at least {}, got {}", format_duration(min), got));
+    if (d < min || d > max) {
+        fail(o, max == milliseconds::max()
+                    ? fmt::format("expected a duration of at least {}, got {}", format_duration(min), got)
+                    : fmt::format("expected a duration from {} to {}, got {}", format_duration(min),
+                                  format_duration(max), got));
+    }
     return d;
 }
 
@@ -250,7 +256,7 @@ std::string address_checked(std::string_view text, const origin& o) {
 // A setting's value from an environment variable or a flag.
 value from_text(const settings::rule& r, std::string_view text, const origin& o) {
     switch (r.k) {
-        case kind::duration: return duration_checked(text, o, r.min, quoted(text));
+        case kind::duration: return duration_checked(text, o, r.min, r.max, quoted(text));
         case kind::integer: return int_from_text(text, o, r.lo, r.hi);
         case kind::boolean: return bool_from_text(text, o) != r.negated_outside_file;
         case kind::one_of:
@@ -399,8 +405,8 @@ std::int64_t int_of(const entry& e, std::int64_t lo, std::int64_t hi) {
     fail(e.from, fmt::format("expected an integer from {} to {}, got {}", lo, hi, got(*e.node)));
 }
 
-milliseconds duration_of(const entry& e, milliseconds min) {
-    if (const auto* s = e.node->as_string()) return duration_checked(s->get(), e.from, min, quoted(s->get()));
+milliseconds duration_of(const entry& e, milliseconds min, milliseconds max) {
+    if (const auto* s = e.node->as_string()) return duration_checked(s->get(), e.from, min, max, quoted(s->get()));
     fail(e.from, fmt::format("expected a duration like \"5s\" or \"250ms\", got {}", got(*e.node)));
 }
 
@@ -488,7 +494,7 @@ std::vector<signing_secret> secrets_of(const file_reader& f, const entry& e) {
 // A setting's value from the file.
 value from_file(const settings::rule& r, const file_reader& f, const entry& e) {
     switch (r.k) {
-        case kind::duration: return duration_of(e, r.min);
+        case kind::duration: return duration_of(e, r.min, r.max);
         case kind::integer: return int_of(e, r.lo, r.hi);
         case kind::boolean: return bool_of(e);
         case kind::one_of: {

@@ -110,6 +110,11 @@ struct config {
     // poll mode's claim interval; also how often a relay whose notifications
     // do not arrive (the self-test failed) claims instead.
     std::chrono::milliseconds poll_interval{500};
+    // A busy relay (auto: producers not notifying; wal: its stream paused)
+    // claims this long after a claim that found events: what an event may
+    // wait under load, traded against the reads the relay costs the
+    // database (README "Under write load").
+    std::chrono::milliseconds busy_gap{5};
     // Leases bound to the relay's database session (sql/0006): a dead
     // relay's leases are taken over within a second. Off behind a
     // transaction pooler, where a session is not the relay's own: leases

@@ -49,6 +49,7 @@ constexpr row<config> relay_table[] = {
     {"relay.wake", "OUTBOXD_WAKE", "wake", one_of(wake_modes), member<&c::wake>},
     {"relay.consume", "OUTBOXD_CONSUME", "consume", one_of(consume_modes), member<&c::consume>},
     {"relay.poll_interval", "OUTBOXD_POLL_INTERVAL", "poll-interval", duration(10ms), member<&c::poll_interval>},
+    {"relay.busy_gap", "OUTBOXD_BUSY_GAP", "busy-gap", duration(1ms, 1s), member<&c::busy_gap>},
     {"relay.shutdown_timeout", "OUTBOXD_SHUTDOWN_TIMEOUT", "shutdown-timeout", duration(0ms),
      member<&c::shutdown_timeout>},
     {"relay.log_level", "OUTBOXD_LOG_LEVEL", "log-level", one_of(log_levels), member<&c::log_level>, every},

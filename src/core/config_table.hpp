@@ -52,9 +52,12 @@ struct rule {
     // boolean: the environment variable and flag say the opposite of the
     // file key (tls.verify = false is --insecure-skip-tls-verify).
     bool negated_outside_file = false;
+    milliseconds max = milliseconds::max();  // duration
 };
 
-constexpr rule duration(milliseconds min) { return {kind::duration, 0, 0, min}; }
+constexpr rule duration(milliseconds min, milliseconds max = milliseconds::max()) {
+    return {kind::duration, 0, 0, min, {}, false, max};
+}
 constexpr rule integer(std::int64_t lo, std::int64_t hi) { return {kind::integer, lo, hi}; }
 constexpr rule boolean() { return {kind::boolean}; }
 constexpr rule boolean_negated_outside_file() { return {kind::boolean, 0, 0, milliseconds(0), {}, true}; }

@@ -20,6 +20,7 @@ from psycopg2 import sql
 
 from conftest import Db, install_sql_files
 from helpers import claims_only, free_port, two_phase_transaction, wait_delivered, wait_until
+from test_metrics import admin_port, scrape, value
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
@@ -195,24 +196,27 @@ def _relay_state(db):
 
 
 class _Feeder:
-    """Keeps the relay busy for as long as a test needs it: 50 events per
-    statement every 10 ms from its own connection (some 2,000 a second, far
+    """Keeps the relay busy for as long as a test needs it: `per_statement`
+    events (50) every 10 ms from its own connection (some 2,000 a second, far
     above the busy rate of 300) until stop(); entered once the relay has
     declared itself busy. A single burst is not enough:
     it is drained (in windows mode read in one go) and the relay idle again
     within ~100 ms, and in one CI run (e2e-windows, -O3 build) none of five
     tries caught it still busy when the test's producer looked."""
 
-    def __init__(self, db):
+    def __init__(self, db, per_statement: int = 50):
         self._conn = db.connect()
         self._db = db
+        self._per_statement = per_statement
+        self.ids: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
-            self._db.query("SELECT count({s}.enqueue('t', jsonb_build_object('feed', g))) "
-                           "FROM generate_series(1, 50) g", conn=self._conn)
+            rows = self._db.query("SELECT {s}.enqueue('t', jsonb_build_object('feed', g)) AS id "
+                                  "FROM generate_series(1, %s) g", (self._per_statement,), conn=self._conn)
+            self.ids += [row["id"] for row in rows]
             self._stop.wait(0.01)
 
     def __enter__(self):
@@ -298,6 +302,29 @@ def test_auto_mode_an_event_written_while_busy_and_due_after_the_relay_went_idle
     assert wait_delivered(receiver, [delayed], timeout=10), r.log()
     sent = next(rq.t_wall for rq in receiver.snapshot() if rq.event_id == delayed)
     assert sent - due < 0.5, f"delivered {sent - due:.2f}s after it fell due"
+
+
+def test_a_busy_relay_claims_relay_busy_gap_apart(db, receiver, relay):
+    """relay.busy_gap sets how long a busy relay waits after a claim that
+    found events (what an event may wait under load, against the reads the
+    relay costs the database). Under a steady 500 events a second, 100 ms
+    apart: at most ~20 claims in two seconds, where the default 5 ms makes
+    some hundreds (fails if the setting is not the policy's gap). Every event
+    is still delivered, each within about the gap."""
+    r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", "--busy-gap", "100ms",
+              "--admin-listen", "127.0.0.1:0", log_level="info")
+    port = admin_port(r)
+    assert wait_until(lambda: _relay_state(db) is True, 10), r.log()
+    with _Feeder(db, per_statement=5) as feeder:
+        time.sleep(1)  # the delivery rate is known: claims are not cut short by the capacity of a cold start
+        before = value(scrape(port), "outboxd_claims_total")
+        time.sleep(2)
+        claims = value(scrape(port), "outboxd_claims_total") - before
+        assert _relay_state(db) is False, "the relay went idle under the feed"
+        feeder.stop()
+    assert claims <= 2 / 0.1 + 10, f"{claims:.0f} claims in 2 s, 100 ms apart\n{r.log()}"
+    assert claims >= 5, f"{claims:.0f} claims in 2 s: the relay did not claim under load\n{r.log()}"
+    assert wait_delivered(receiver, feeder.ids, timeout=15), r.log()
 
 
 def test_the_trigger_notifies_only_while_a_relay_is_declared_idle_and_its_declaration_is_valid(db, database_url):

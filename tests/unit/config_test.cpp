@@ -118,6 +118,7 @@ schema = "events"
 concurrency = 64
 lease = "45s"
 sweep_interval = "250ms"
+busy_gap = "20ms"
 shutdown_timeout = "3s"
 log_level = "debug"
 dead_letter_retention = "2160h"
@@ -178,6 +179,7 @@ destinations = ["plain"]
     CHECK(c.concurrency == 64);
     CHECK(c.lease == 45s);
     CHECK(c.sweep_interval == 250ms);
+    CHECK(c.busy_gap == 20ms);
     CHECK(c.shutdown_timeout == 3s);
     CHECK(c.log_level == "debug");
     CHECK(c.dead_letter_retention == 2160h);
@@ -252,6 +254,7 @@ TEST_CASE("config: built-in defaults with only the --url shortcut") {
     CHECK(c.concurrency == 32);
     CHECK(c.lease == 30s);
     CHECK(c.sweep_interval == 30s);
+    CHECK(c.busy_gap == 5ms);
     CHECK(c.shutdown_timeout == 10s);
     CHECK(c.dead_letter_retention == 720h);  // 30 days
     CHECK_FALSE(c.block_private_addresses);
@@ -336,6 +339,7 @@ TEST_CASE("config: every environment variable") {
         {"OUTBOXD_CONCURRENCY", "9"},
         {"OUTBOXD_LEASE", "40s"},
         {"OUTBOXD_SWEEP_INTERVAL", "5s"},
+        {"OUTBOXD_BUSY_GAP", "40ms"},
         {"OUTBOXD_SHUTDOWN_TIMEOUT", "1m"},
         {"OUTBOXD_BLOCK_PRIVATE_ADDRESSES", "true"},
         {"OUTBOXD_CONNECT_TIMEOUT", "3s"},
@@ -357,6 +361,7 @@ TEST_CASE("config: every environment variable") {
     CHECK(c.concurrency == 9);
     CHECK(c.lease == 40s);
     CHECK(c.sweep_interval == 5s);
+    CHECK(c.busy_gap == 40ms);
     CHECK(c.shutdown_timeout == 1min);
     CHECK(c.dead_letter_retention == 0s);  // 0: kept forever
     CHECK(c.block_private_addresses);
@@ -598,6 +603,8 @@ TEST_CASE("config: table of file errors: every key, wrong type and invalid value
          "t.toml:2:1: relay.sweep_interval: expected a duration like \"5s\" or \"250ms\", got true"},
         {"[relay]\nsweep_interval = \"99ms\"\n",
          "t.toml:2:1: relay.sweep_interval: expected a duration of at least 100ms, got \"99ms\""},
+        {"[relay]\nbusy_gap = \"0ms\"\n", "t.toml:2:1: relay.busy_gap: expected a duration from 1ms to 1s, got \"0ms\""},
+        {"[relay]\nbusy_gap = \"2s\"\n", "t.toml:2:1: relay.busy_gap: expected a duration from 1ms to 1s, got \"2s\""},
         {"[relay]\nshutdown_timeout = [1]\n",
          "t.toml:2:1: relay.shutdown_timeout: expected a duration like \"5s\" or \"250ms\", got an array"},
         {"[relay]\nshutdown_timeout = \"-1s\"\n",
@@ -763,6 +770,8 @@ TEST_CASE("config: environment and flag errors name the variable or flag") {
         {"--lease", "soon", "--lease: expected a duration like \"5s\" or \"250ms\", got \"soon\""},
         {"OUTBOXD_LEASE", "0ms", "OUTBOXD_LEASE: expected a duration of at least 1ms, got \"0ms\""},
         {"--sweep-interval", "50ms", "--sweep-interval: expected a duration of at least 100ms, got \"50ms\""},
+        {"--busy-gap", "1001ms", "--busy-gap: expected a duration from 1ms to 1s, got \"1001ms\""},
+        {"OUTBOXD_BUSY_GAP", "0s", "OUTBOXD_BUSY_GAP: expected a duration from 1ms to 1s, got \"0s\""},
         {"OUTBOXD_SWEEP_INTERVAL", "1", "OUTBOXD_SWEEP_INTERVAL: expected a duration like \"5s\" or \"250ms\", got \"1\""},
         {"--shutdown-timeout", "x", "--shutdown-timeout: expected a duration like"},
         {"OUTBOXD_SHUTDOWN_TIMEOUT", "x", "OUTBOXD_SHUTDOWN_TIMEOUT: expected a duration like"},
