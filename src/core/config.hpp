@@ -113,7 +113,7 @@ struct config {
     // A busy relay (auto: producers not notifying; wal: its stream paused)
     // claims this long after a claim that found events: what an event may
     // wait under load, traded against the reads the relay costs the
-    // database (README "Under write load").
+    // database (README "Under heavy writes on a small database").
     std::chrono::milliseconds busy_gap{5};
     // Leases bound to the relay's database session (sql/0006): a dead
     // relay's leases are taken over within a second. Off behind a
