@@ -310,7 +310,7 @@ def test_a_busy_relay_claims_relay_busy_gap_apart(db, receiver, relay):
     relay costs the database). Under a steady ~800 events a second, 100 ms
     apart: at most ~20 claims in two seconds, where the default 5 ms makes
     some hundreds (fails if the setting is not the policy's gap). Every event
-    is still delivered, each within about the gap."""
+    is still delivered."""
     r = relay(receiver, "--wake", "auto", "--sweep-interval", "1h", "--busy-gap", "100ms",
               "--admin-listen", "127.0.0.1:0", log_level="info")
     port = admin_port(r)
